@@ -1,0 +1,74 @@
+"""The `dspark` command. Each subcommand lives in its own module exposing
+`register(subparsers)`; user errors raise `UserError` and print without a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# subcommand -> module under dspark.cli
+SUBCOMMANDS = {
+    "generate": "generate",
+    "profile": "profile",
+    "serve": "serve",
+    "data": "data",
+    "train": "train",
+    "calibrate": "calibrate",
+    "eval": "eval",
+    "bench": "bench",
+}
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark",
+        description=(
+            "DSpark speculative decoding: train a drafter for your model, calibrate it, "
+            "serve the model faster with output exactly equal to the target's, and "
+            "measure the gain against baselines."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, mod in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(f"dspark.cli.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name == f"dspark.cli.{mod}":
+                continue  # not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # user-caused errors get one line, the rest a traceback
+        if _is_user_error(e) and not os.environ.get("DSPARK_DEBUG"):
+            print(f"dspark {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _is_user_error(e: Exception) -> bool:
+    from dspark.errors import USER_ERRORS
+
+    return isinstance(e, (UserError, *USER_ERRORS))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Exception types that signal a user mistake (bad path, bad value, too long a prompt).
+
+The CLI prints these as one line; the server maps them to HTTP 400."""
+
+from __future__ import annotations
+
+from .runtime.config import ConfigError
+from .runtime.default_model import DefaultModelUnavailable
+from .runtime.kv_cache import ContextTooLong
+from .runtime.loader import ModelLoadError
+from .sampling import SamplingError
+
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError,
+    DefaultModelUnavailable,
+    ContextTooLong,
+    ModelLoadError,
+    SamplingError,
+)

