@@ -4,11 +4,14 @@ The CLI prints these as one line; the server maps them to HTTP 400."""
 
 from __future__ import annotations
 
+from .drafters.checkpoint import DrafterCheckpointError
+from .drafters.config import DrafterConfigError
 from .runtime.config import ConfigError
 from .runtime.default_model import DefaultModelUnavailable
 from .runtime.kv_cache import ContextTooLong
 from .runtime.loader import ModelLoadError
 from .sampling import SamplingError
+from .schedule.step_time import ScheduleError
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     ConfigError,
@@ -16,4 +19,6 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     ContextTooLong,
     ModelLoadError,
     SamplingError,
+    DrafterConfigError,
+    DrafterCheckpointError,
 )

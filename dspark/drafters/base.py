@@ -1,0 +1,97 @@
+"""The contract between the speculative loop and every drafter.
+
+Vocabulary of one round for request r (positions are absolute token positions):
+
+* the target KV cache holds tokens 0..P-1; the *anchor* is the last emitted token, at
+  position P, not yet run through the target;
+* the drafter has seen the target's tapped hidden states of tokens 0..P-1 (its
+  *context*, fed through `append_context`);
+* `draft` proposes tokens for positions P+1..P+num_tokens;
+* the target verifies [anchor, d_1..d_L] in one forward; a tokens are accepted, so
+  tokens P..P+a (anchor + accepted drafts) now have target hidden states, which the
+  loop hands to `append_context`; the bonus/recovered token becomes the next anchor.
+
+A drafter never sees the target model's forward; the loop gives it hidden states
+(`target_layer_ids`: -1 = embeddings, i = output of decoder layer i) and it reuses
+the target's embedding and LM head passed at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dspark.sampling import SamplingParams
+
+
+@dataclass
+class DraftRequest:
+    request_id: object
+    anchor_token: int
+    anchor_position: int  # P: equals the number of context tokens appended so far
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+@dataclass
+class DraftOutput:
+    """Proposals for a batch of R requests, each `num_tokens` long.
+
+    `logits` are the final draft logits q_k *before* temperature/top-k/top-p (the
+    verifier applies the same transform to target and draft); for DSpark they
+    include the Markov bias of the token actually drafted at k-1. `logits` is None
+    for deterministic proposers (n-gram), which the verifier treats as one-hot q.
+    `confidence` is c_k in (0, 1) (None for drafters without a confidence head);
+    survival s_k = prod_{j<=k} c_j is computed by the caller.
+    `num_valid` is how many leading tokens of each row are real proposals (None: all
+    `num_tokens`). Only proposers that can run out of tokens set it (n-gram: no
+    earlier match, or a match near the end); the rest of such a row is -1 and must
+    not be verified.
+    """
+
+    tokens: torch.Tensor  # [R, num_tokens] int64
+    logits: torch.Tensor | None  # [R, num_tokens, vocab]
+    confidence: torch.Tensor | None = None  # [R, num_tokens]
+    num_valid: torch.Tensor | None = None  # [R] int64
+
+
+class Drafter(torch.nn.Module):
+    method: str = ""
+    #: target layers whose hidden states the loop must pass to append_context
+    target_layer_ids: list[int] = []
+    #: the most tokens one `draft` call can propose (block size - 1 for block drafters)
+    max_draft_tokens: int = 1
+
+    def reserve(self, num_slots: int, max_len: int) -> None:
+        """Size the drafter's per-request memory (at most `num_slots` live requests of up
+        to `max_len` tokens). Call before the first `add_request`; drafters without
+        per-request memory ignore it."""
+
+    def add_request(self, request_id: object) -> None:
+        raise NotImplementedError
+
+    def release(self, request_id: object) -> None:
+        raise NotImplementedError
+
+    def append_context(
+        self,
+        request_ids: list[object],
+        tokens: list[list[int]],  # per request, the tokens whose hidden states are given
+        start_positions: list[int],  # per request, position of tokens[i][0]
+        hidden: torch.Tensor,  # [sum len(tokens[i]), len(target_layer_ids), target_hidden]
+    ) -> None:
+        """Add accepted tokens (in order, without gaps) to each request's context."""
+        raise NotImplementedError
+
+    def rollback(self, request_id: object, length: int) -> None:
+        """Forget context past `length` tokens."""
+        raise NotImplementedError
+
+    def context_length(self, request_id: object) -> int:
+        raise NotImplementedError
+
+    def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:
+        """Propose `num_tokens` (1..max_draft_tokens) tokens for every request; each
+        request's `anchor_position` must equal its context length."""
+        raise NotImplementedError

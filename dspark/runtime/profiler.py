@@ -1,0 +1,107 @@
+"""Measure the target's step time as a function of the tokens in one forward.
+
+The prefix scheduler trades verification length against this curve. Each point is
+the median of several timed forwards after warm-up; a step of n tokens is laid out
+as ceil(n / tokens_per_request) requests (a verification step's shape), each with
+a KV context of `context_len` tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .batch import FlatBatch
+from .target import Target
+
+
+def default_token_counts(max_tokens: int = 512) -> list[int]:
+    grid = list(range(1, 17)) + list(range(24, 65, 8)) + list(range(80, 129, 16)) + list(range(160, 4097, 32))
+    out = [n for n in grid if n <= max_tokens]
+    if out[-1] != max_tokens:
+        out.append(max_tokens)
+    return out
+
+
+def machine_id() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        cpu += " / " + torch.cuda.get_device_name()
+    return f"{cpu} x{torch.get_num_threads()}t"
+
+
+def cache_key(target: Target, device: str, context_len: int, tokens_per_request: int) -> str:
+    st = target.path / "model.safetensors"
+    ident = f"{target.path.resolve()}:{st.stat().st_size if st.exists() else 0}"
+    h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}".encode()).hexdigest()[:10]
+    dtype = str(target.dtype).removeprefix("torch.")
+    return f"{target.path.name}-{dtype}-{device}-{h}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def measure_step_times(
+    target: Target,
+    token_counts: list[int],
+    context_len: int = 256,
+    tokens_per_request: int = 8,
+    warmup: int = 2,
+    repeats: int = 5,
+    progress: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Median milliseconds of one target forward for each token count."""
+    max_req = max(-(-n // tokens_per_request) for n in token_counts)
+    max_len = context_len + tokens_per_request + 1
+    cache = target.new_cache(max_req, max_len)
+    slots = [cache.allocate(i) for i in range(max_req)]
+    dev = target.device
+    g = torch.Generator().manual_seed(0)
+    vocab = target.cfg.vocab_size
+    # Fill every slot's context once; each timed step then rolls back to it.
+    for s in slots:
+        ctx = torch.randint(0, vocab, (context_len,), generator=g).tolist()
+        target.model(FlatBatch.from_requests([ctx], [0], [s], logits="none", device=dev), cache)
+    out = []
+    for n in token_counts:
+        r = -(-n // tokens_per_request)
+        sizes = [tokens_per_request] * (r - 1) + [n - tokens_per_request * (r - 1)]
+        toks = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in sizes]
+        batch = FlatBatch.from_requests(toks, [context_len] * r, slots[:r], logits="all", device=dev)
+        times = []
+        for i in range(warmup + repeats):
+            for s in slots[:r]:
+                cache.truncate(s, context_len)
+            _sync(dev)
+            t0 = time.perf_counter()
+            target.model(batch, cache)
+            _sync(dev)
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1000)
+        ms = statistics.median(times)
+        out.append(ms)
+        if progress:
+            progress(n, ms)
+    return out
+
+
+def profile_dir() -> Path:
+    from .default_model import cache_root
+
+    return cache_root() / "profiles"

@@ -1,0 +1,290 @@
+"""Verification-length policies: survival probabilities (+ a step-time table) in,
+one verification length per request out.
+
+Glossary, for a batch of R requests that each drafted G tokens:
+
+* c_{i,k}: the drafter's confidence that drafted token k of request i is accepted
+  given that tokens 1..k-1 were; it depends on the drafted token k-1 (the Markov
+  input) but not on token k itself;
+* survival s_{i,k} = c_{i,1} * ... * c_{i,k}: the probability that the first k
+  drafted tokens are all accepted; non-increasing in k;
+* verification length L_i in 0..G: the engine sends [anchor, d_1..d_{L_i}] to the
+  target, n = sum_i (1 + L_i) tokens, and expects sum_i (1 + sum_{k<=L_i} s_{i,k})
+  tokens back (the accepted drafts plus one bonus/recovered token each).
+
+Losslessness. Speculative sampling emits exactly the target's distribution for any
+verification length that is fixed before the draft is sampled. A length chosen from
+the draft stays lossless as long as the decision "verify position k" (L_i >= k)
+depends only on what was known before d_{i,k} was sampled: s_{i,1..k}, other
+requests' drafts, and the past. Given that d_1..d_{k-1} were accepted, the token
+emitted at k is target-distributed whether d_k is verified or sampled from p as the
+bonus; but if the choice between the two depends on d_k (for instance through
+c_{k+1}, which is computed from d_k), the mix of the two cases is weighted by d_k and
+is no longer p. Every policy here honours that rule.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .step_time import ScheduleError, StepTimeTable
+
+SurvivalLike = torch.Tensor | np.ndarray | Sequence[Sequence[float]]
+
+POLICY_NAMES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
+
+
+def as_survival(survival: SurvivalLike) -> np.ndarray:
+    """`survival` as a float64 [R, G] array, checked to be probabilities that do not
+    increase along each row (the prefix property the policies rely on)."""
+    if isinstance(survival, torch.Tensor):
+        s = survival.detach().to(device="cpu", dtype=torch.float64).numpy()
+    else:
+        s = np.asarray(survival, dtype=np.float64)
+    if s.ndim != 2:
+        raise ValueError(f"survival must have shape [requests, drafted tokens], got {s.shape}")
+    if s.size:
+        if not np.isfinite(s).all() or s.min() < 0.0 or s.max() > 1.0:
+            raise ValueError("survival must hold probabilities in [0, 1]")
+        if s.shape[1] > 1 and (s[:, 1:] > s[:, :-1]).any():
+            raise ValueError(
+                "survival must be non-increasing along each row (s_k = c_1 * ... * c_k); "
+                "pass cumulative products, not per-token confidences"
+            )
+    return s
+
+
+def _shape(survival: SurvivalLike) -> tuple[int, int]:
+    shape = tuple(survival.shape) if hasattr(survival, "shape") else np.shape(survival)
+    if len(shape) != 2:
+        raise ValueError(f"survival must have shape [requests, drafted tokens], got {shape}")
+    return int(shape[0]), int(shape[1])
+
+
+def _admission_order(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All (i, k) sorted by survival, highest first, lower k first on ties, so that
+    every prefix of the order is a set of per-request prefixes. Returns the request
+    index and survival of each entry, in that order."""
+    num_requests, num_drafted = s.shape  # [R, G]
+    flat = s.reshape(-1)  # [R*G], row-major
+    position = np.tile(np.arange(num_drafted), num_requests)  # [R*G]
+    order = np.lexsort((position, -flat))  # [R*G]; the last key is the primary one
+    return order // num_drafted, flat[order]
+
+
+def _lengths(rows_in_order: np.ndarray, num_admitted: int, num_requests: int) -> list[int]:
+    return np.bincount(rows_in_order[:num_admitted], minlength=num_requests).tolist()
+
+
+class VerifyLengthPolicy:
+    """Picks L_i for every request of a step. `choose` is called once per decode step
+    with the [R, G] survival matrix of that step's drafts."""
+
+    name: str = ""
+    #: False for policies that only read the shape of `survival`; a drafter without a
+    #: confidence head may then pass any [R, G] array (e.g. `torch.empty(R, G)`).
+    needs_confidence: bool = True
+
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget any state carried between steps."""
+
+
+class NoSpeculation(VerifyLengthPolicy):
+    """Verify nothing: plain decoding, one target token per request per step."""
+
+    name = "none"
+    needs_confidence = False
+
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        num_requests, _ = _shape(survival)
+        return [0] * num_requests
+
+
+class FixedLength(VerifyLengthPolicy):
+    """Verify min(gamma, G) tokens for every request; gamma=None verifies all G."""
+
+    name = "fixed"
+    needs_confidence = False
+
+    def __init__(self, gamma: int | None = None) -> None:
+        if gamma is not None and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0):
+            raise ScheduleError(f"the fixed verification length must be a non-negative integer, got {gamma!r}")
+        self.gamma = gamma
+
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        num_requests, num_drafted = _shape(survival)
+        length = num_drafted if self.gamma is None else min(self.gamma, num_drafted)
+        return [length] * num_requests
+
+
+class ConfidenceThreshold(VerifyLengthPolicy):
+    """Verify every drafted token whose *survival* s_{i,k} (not its per-token
+    confidence c_{i,k}) is at least `tau`: L_i = #{k : s_{i,k} >= tau}.
+
+    Thresholding survival gives tau one meaning at every position, the probability
+    that the token is reached and accepted; because survival is non-increasing this
+    is always a prefix, and it is lossless since s_{i,k} is known before d_{i,k} is
+    sampled. tau = 0 verifies everything, tau = 1 only tokens that are certain.
+    """
+
+    name = "threshold"
+
+    def __init__(self, tau: float) -> None:
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 <= tau <= 1.0:
+            raise ScheduleError(f"the confidence threshold must be a probability in [0, 1], got {tau!r}")
+        self.tau = float(tau)
+
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        s = as_survival(survival)  # [R, G]
+        return (s >= self.tau).sum(axis=1).tolist()
+
+
+def _check_table(table: object, policy: str) -> StepTimeTable:
+    if not isinstance(table, StepTimeTable):
+        raise ScheduleError(
+            f"policy {policy!r} needs a step-time table (measure one with `dspark profile`), got {table!r}"
+        )
+    return table
+
+
+class DSparkSync(VerifyLengthPolicy):
+    """The paper's Algorithm 1: a greedy that admits drafted tokens in order of
+    survival and stops at the first one that does not raise the expected throughput
+
+        J = (sum_i 1 + sum_{k<=L_i} s_{i,k}) / step_time(sum_i (1 + L_i), R).
+
+    The early stop is what keeps it lossless, not a shortcut. c_{i,k+1} is computed
+    from the sampled token d_{i,k}, so a scheduler that scans the whole table and
+    picks the best prefix afterwards lets a later, low J (which contains s_{i,k+1})
+    decide whether d_{i,k} itself, or even d_{i,1} versus no speculation at all, is
+    verified: a future token leaks into the admission of an earlier one and biases
+    the output distribution (paper §3.2.2 and App. A). Stopping at the first drop
+    decides on entry (i, k) from entries of at least its survival only, which for
+    request i are s_{i,1..k}. Step-time curves are jagged, so this may stop before
+    the best prefix; `DSparkAsync` recovers that without the leak.
+    """
+
+    name = "dspark-sync"
+
+    def __init__(self, table: StepTimeTable) -> None:
+        self.table = _check_table(table, self.name)
+
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        s = as_survival(survival)  # [R, G]
+        num_requests, num_drafted = s.shape
+        if num_requests == 0 or num_drafted == 0:
+            return [0] * num_requests
+        rows, gains = _admission_order(s)  # [R*G], [R*G]
+        expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
+        n_tokens = num_requests + np.arange(gains.size + 1)  # [R*G+1]
+        rate = expected / self.table.step_times(n_tokens, num_requests)  # [R*G+1]
+        # J is evaluated at every prefix at once, but only the first drop decides
+        improves = rate[1:] > rate[:-1]  # [R*G]
+        num_admitted = gains.size if improves.all() else int(improves.argmin())
+        return _lengths(rows, num_admitted, num_requests)
+
+
+class DSparkAsync(VerifyLengthPolicy):
+    """The paper's asynchronous scheduler: a token budget B from the survivals of
+    `lag` steps ago, then the current step's top-B entries.
+
+    B maximises expected/step_time over the WHOLE table (every B in 0..R*G, since a
+    jagged step-time curve has several local maxima), computed from the survivals
+    of step t - lag. The current step then verifies the B entries (i, k) of highest
+    current survival, lower k first on ties, which is a set of per-request prefixes.
+    Lossless: B does not depend on the current draft at all, and whether (i, k) is
+    among the top B depends on s_{i,1..k} and on other requests only.
+
+    The batch changes between steps as requests join and leave, so the lagged step
+    is summarised per request: g(x) is its expected accepted drafts per request when
+    its best x * R' entries are verified (R' its request count, x tokens per request,
+    linear between entries). For the current R requests the budget search uses
+    expected(B) = R * (1 + g(B / R)), i.e. the lagged step's survival profile scaled
+    to the current batch; with an unchanged batch this is exactly its top-B sum.
+
+    Until `lag` steps have been seen the budget is `warmup_length` tokens per request
+    (None: all drafted tokens), the plain fixed-length behaviour. Steps without
+    requests or drafts are not recorded. `last_budget` is the B of the latest step.
+    """
+
+    name = "dspark-async"
+
+    def __init__(self, table: StepTimeTable, lag: int = 2, warmup_length: int | None = None) -> None:
+        self.table = _check_table(table, self.name)
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
+            raise ScheduleError(
+                f"lag must be an integer >= 1, got {lag!r}: a budget from the current step's "
+                "own survivals would leak its draft into admission (use dspark-sync instead)"
+            )
+        if warmup_length is not None and (
+            isinstance(warmup_length, bool) or not isinstance(warmup_length, int) or warmup_length < 0
+        ):
+            raise ScheduleError(f"warmup_length must be a non-negative integer or None, got {warmup_length!r}")
+        self.lag = lag
+        self.warmup_length = warmup_length
+        # per recorded step: (cumulative survival per request at 0..R'*G' admitted entries, R')
+        self._history: deque[tuple[np.ndarray, int]] = deque(maxlen=lag)
+        self.last_budget: int | None = None
+
+    def reset(self) -> None:
+        self._history.clear()
+        self.last_budget = None
+
+    def budget(self, num_requests: int, num_drafted: int) -> int:
+        """B for a step of `num_requests` x `num_drafted`, from the step `lag` back."""
+        if len(self._history) < self.lag:
+            per_request = num_drafted if self.warmup_length is None else min(self.warmup_length, num_drafted)
+            return num_requests * per_request
+        cum_gain, lagged_requests = self._history[0]  # [R'*G'+1], R'
+        budgets = np.arange(num_requests * num_drafted + 1)  # [R*G+1]
+        entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
+        per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
+        expected = num_requests * (1.0 + per_request)
+        rate = expected / self.table.step_times(num_requests + budgets, num_requests)
+        return int(rate.argmax())  # first maximum: the cheapest of equally good budgets
+
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        s = as_survival(survival)  # [R, G]
+        num_requests, num_drafted = s.shape
+        if num_requests == 0 or num_drafted == 0:
+            return [0] * num_requests
+        budget = self.budget(num_requests, num_drafted)
+        rows, gains = _admission_order(s)
+        cum_gain = np.concatenate(([0.0], np.cumsum(gains))) / num_requests  # [R*G+1]
+        self._history.append((cum_gain, num_requests))
+        self.last_budget = budget
+        return _lengths(rows, budget, num_requests)
+
+
+def make_policy(
+    name: str,
+    table: StepTimeTable | None = None,
+    gamma: int | None = None,
+    threshold: float = 0.5,
+    lag: int = 2,
+) -> VerifyLengthPolicy:
+    """The policy called `name` (one of POLICY_NAMES).
+
+    gamma: the fixed length for `fixed` and the warm-up length for `dspark-async`
+    (None: every drafted token). threshold: the survival threshold of `threshold`.
+    lag: how many steps old the survivals behind `dspark-async`'s budget are.
+    The `dspark-*` policies need `table`.
+    """
+    if name == "none":
+        return NoSpeculation()
+    if name == "fixed":
+        return FixedLength(gamma)
+    if name == "threshold":
+        return ConfidenceThreshold(threshold)
+    if name == "dspark-sync":
+        return DSparkSync(_check_table(table, name))
+    if name == "dspark-async":
+        return DSparkAsync(_check_table(table, name), lag=lag, warmup_length=gamma)
+    raise ScheduleError(f"unknown verification policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")

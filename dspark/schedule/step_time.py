@@ -1,0 +1,258 @@
+"""The measured cost of one decode step: target time by token count, drafter time by
+request count.
+
+`dspark profile` measures a table once per (model, dtype, device, machine) and saves it
+as JSON; the prefix scheduler reads it every step. The file looks like
+
+    {"model": "...", "dtype": "bfloat16", "device": "cuda:0", "machine": "...",
+     "context_len": 1024,
+     "token_counts": [1, 2, 4, ...],        # ascending
+     "raw_ms": [...],                       # medians as measured
+     "step_ms": [...],                      # raw_ms made non-decreasing
+     "drafter": null | {"method": "dspark", "request_counts": [1, 2, ...],
+                        "raw_ms": [...], "step_ms": [...]}}
+
+Times are stored in milliseconds (what a person reads) and returned in seconds (what
+the objective divides by). Between measured counts the time is interpolated linearly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class ScheduleError(ValueError):
+    """A bad step-time table or scheduler setting supplied by the user."""
+
+
+def make_monotone(times_ms: list[float]) -> list[float]:
+    """The running maximum of `times_ms`: the smallest non-decreasing curve that
+    never lies below a measurement.
+
+    Running max rather than isotonic regression because the two errors are not
+    symmetric. The measurements are already medians, so what dips below an earlier
+    count is mostly a kernel that happens to be fast at that exact shape; the engine
+    runs whatever count the scheduler picks and does not pad to reach such a sweet
+    spot, so trusting the dip would make the scheduler buy tokens at a price it will
+    not get. Isotonic regression would also lower the measurements before the dip,
+    promising speed nobody measured. Running max only ever rounds a cost up.
+    """
+    out: list[float] = []
+    top = -math.inf
+    for t in times_ms:
+        top = max(top, float(t))
+        out.append(top)
+    return out
+
+
+def _interp_ms(x: np.ndarray, counts: np.ndarray, times_ms: np.ndarray) -> np.ndarray:
+    """Piecewise-linear through the measurements; flat below the first count, and
+    beyond the last count continuing the slope of the last segment (flat when only
+    one count was measured), so tokens past the profiled range never look free."""
+    y = np.interp(x, counts, times_ms)
+    if counts.size >= 2:
+        slope = (times_ms[-1] - times_ms[-2]) / (counts[-1] - counts[-2])
+        beyond = x > counts[-1]
+        y = np.where(beyond, times_ms[-1] + slope * (x - counts[-1]), y)
+    return y
+
+
+def _check_curve(where: str, counts: list[int], raw_ms: list[float], step_ms: list[float]) -> None:
+    if not counts:
+        raise ScheduleError(f"{where}: no measurements; profile at least one count")
+    if not len(counts) == len(raw_ms) == len(step_ms):
+        raise ScheduleError(
+            f"{where}: {len(counts)} counts but {len(raw_ms)} raw_ms and {len(step_ms)} step_ms; "
+            "each count needs one time in each list"
+        )
+    if counts[0] < 1 or any(b <= a for a, b in zip(counts, counts[1:])):
+        raise ScheduleError(f"{where}: counts must be positive and strictly ascending, got {counts}")
+    for name, times in (("raw_ms", raw_ms), ("step_ms", step_ms)):
+        if not all(math.isfinite(t) and t > 0 for t in times):
+            raise ScheduleError(f"{where}: {name} must be finite and positive, got {times}")
+    if any(b < a for a, b in zip(step_ms, step_ms[1:])):
+        raise ScheduleError(
+            f"{where}: step_ms must be non-decreasing, got {step_ms}; "
+            "rebuild it from raw_ms with make_monotone or re-run `dspark profile`"
+        )
+
+
+@dataclass
+class DrafterTimeTable:
+    """Drafter time per step by the number of requests drafted (the drafter drafts
+    its whole block for every request whatever the scheduler verifies, so its cost
+    depends on the request count only)."""
+
+    method: str
+    request_counts: list[int]
+    raw_ms: list[float]
+    step_ms: list[float] | None = None  # None: make_monotone(raw_ms)
+
+    def __post_init__(self) -> None:
+        self.request_counts = [int(c) for c in self.request_counts]
+        self.raw_ms = [float(t) for t in self.raw_ms]
+        self.step_ms = make_monotone(self.raw_ms) if self.step_ms is None else [float(t) for t in self.step_ms]
+        _check_curve("drafter step-time table", self.request_counts, self.raw_ms, self.step_ms)
+        self._counts = np.asarray(self.request_counts, dtype=np.float64)
+        self._ms = np.asarray(self.step_ms, dtype=np.float64)
+
+    def time(self, n_requests: int) -> float:
+        """Seconds to draft for `n_requests` requests (0 for none)."""
+        if n_requests <= 0:
+            return 0.0
+        return float(_interp_ms(np.float64(n_requests), self._counts, self._ms)) / 1000.0
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "request_counts": self.request_counts,
+            "raw_ms": self.raw_ms,
+            "step_ms": self.step_ms,
+        }
+
+
+@dataclass
+class StepTimeTable:
+    """Target forward time by the number of tokens in the flattened batch, plus the
+    drafter's time by the number of requests."""
+
+    token_counts: list[int]
+    raw_ms: list[float]
+    step_ms: list[float] | None = None  # None: make_monotone(raw_ms)
+    drafter: DrafterTimeTable | None = None
+    model: str = ""
+    dtype: str = ""
+    device: str = ""
+    machine: str = ""
+    context_len: int = 0  # context length per request the profile ran at
+
+    def __post_init__(self) -> None:
+        self.token_counts = [int(c) for c in self.token_counts]
+        self.raw_ms = [float(t) for t in self.raw_ms]
+        self.step_ms = make_monotone(self.raw_ms) if self.step_ms is None else [float(t) for t in self.step_ms]
+        _check_curve("target step-time table", self.token_counts, self.raw_ms, self.step_ms)
+        self._counts = np.asarray(self.token_counts, dtype=np.float64)
+        self._ms = np.asarray(self.step_ms, dtype=np.float64)
+
+    @property
+    def max_token_count(self) -> int:
+        """The largest token count measured; beyond it times are extrapolated."""
+        return self.token_counts[-1]
+
+    def target_time(self, n_tokens: int) -> float:
+        """Seconds for one target forward over `n_tokens` tokens (0 for none)."""
+        if n_tokens <= 0:
+            return 0.0
+        return float(_interp_ms(np.float64(n_tokens), self._counts, self._ms)) / 1000.0
+
+    def drafter_time(self, n_requests: int) -> float:
+        """Seconds for the drafter to draft for `n_requests` requests; 0 without a
+        drafter table."""
+        return 0.0 if self.drafter is None else self.drafter.time(n_requests)
+
+    def step_time(self, n_tokens: int, n_requests: int) -> float:
+        """Seconds for a whole decode step: draft for `n_requests`, verify `n_tokens`."""
+        return self.target_time(n_tokens) + self.drafter_time(n_requests)
+
+    def step_times(self, n_tokens: np.ndarray, n_requests: int) -> np.ndarray:
+        """`step_time` for many token counts at once (the scheduler's inner loop).
+        `n_tokens` must be positive."""
+        target = _interp_ms(np.asarray(n_tokens, dtype=np.float64), self._counts, self._ms) / 1000.0
+        return target + self.drafter_time(n_requests)
+
+    @classmethod
+    def synthetic(
+        cls,
+        base_ms: float = 10.0,
+        knee: int = 16,
+        per_token_ms: float = 0.5,
+        max_tokens: int = 1024,
+        drafter_ms: float = 0.0,
+    ) -> "StepTimeTable":
+        """A memory-bound-then-compute-bound curve for tests: `base_ms` up to `knee`
+        tokens, then `per_token_ms` more per token; a constant `drafter_ms` when > 0."""
+        if not 1 <= knee <= max_tokens:
+            raise ScheduleError(f"need 1 <= knee <= max_tokens, got knee={knee}, max_tokens={max_tokens}")
+        counts = sorted({1, knee, max_tokens} | {2**i for i in range(max_tokens.bit_length()) if 2**i <= max_tokens})
+        ms = [base_ms + per_token_ms * max(0, n - knee) for n in counts]
+        drafter = None
+        if drafter_ms > 0:
+            drafter = DrafterTimeTable(method="synthetic", request_counts=[1], raw_ms=[drafter_ms])
+        return cls(token_counts=counts, raw_ms=ms, drafter=drafter, model="synthetic", device="none")
+
+    # -- JSON ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "dtype": self.dtype,
+            "device": self.device,
+            "machine": self.machine,
+            "context_len": self.context_len,
+            "token_counts": self.token_counts,
+            "raw_ms": self.raw_ms,
+            "step_ms": self.step_ms,
+            "drafter": None if self.drafter is None else self.drafter.to_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepTimeTable":
+        try:
+            drafter = d.get("drafter")
+            return cls(
+                token_counts=d["token_counts"],
+                raw_ms=d["raw_ms"],
+                step_ms=d.get("step_ms"),
+                drafter=None if drafter is None else DrafterTimeTable(
+                    method=drafter.get("method", ""),
+                    request_counts=drafter["request_counts"],
+                    raw_ms=drafter["raw_ms"],
+                    step_ms=drafter.get("step_ms"),
+                ),
+                model=d.get("model", ""),
+                dtype=d.get("dtype", ""),
+                device=d.get("device", ""),
+                machine=d.get("machine", ""),
+                context_len=int(d.get("context_len", 0)),
+            )
+        except ScheduleError:
+            raise
+        except KeyError as e:
+            raise ScheduleError(f"step-time table lacks the field {e.args[0]!r}") from None
+        except (TypeError, AttributeError, ValueError) as e:
+            raise ScheduleError(f"step-time table is malformed: {e}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "StepTimeTable":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ScheduleError(f"step-time table is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ScheduleError("step-time table must be a JSON object")
+        return cls.from_dict(d)
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "StepTimeTable":
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            raise ScheduleError(f"{p} not found: measure a step-time table with `dspark profile`") from None
+        try:
+            return cls.from_json(text)
+        except ScheduleError as e:
+            raise ScheduleError(f"{p}: {e}") from None

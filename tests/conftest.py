@@ -1,0 +1,58 @@
+"""Shared fixtures: the real default model (loaded once per session) and tiny
+random Llama-family models written as Hugging Face directories."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def default_target_fp32():
+    from dspark.runtime.target import Target
+
+    return Target.load("default", dtype="fp32", device="cpu", max_len=1024)
+
+
+@pytest.fixture(scope="session")
+def default_target():
+    """The default model in the runtime's default dtype (bf16 on these CPUs)."""
+    from dspark.runtime.target import Target
+
+    return Target.load("default", device="cpu", max_len=1024)
+
+
+def make_tiny_hf_model(kind: str, path, seed: int = 0, tie: bool = False):
+    """Write a tiny random HF model of `kind` (llama/qwen2/qwen3) to `path`; returns the HF model."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=tie, rms_norm_eps=1e-6)
+    if kind == "llama":
+        cfg = LlamaConfig(**common, rope_theta=10000.0)
+    elif kind == "qwen2":
+        cfg = Qwen2Config(**common, rope_theta=1000000.0)
+    elif kind == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=16, rope_theta=1000000.0)
+    else:
+        raise ValueError(kind)
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    # Random norm weights and biases so a wrongly applied norm/bias cannot hide.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+@pytest.fixture(params=["llama", "qwen2", "qwen3"])
+def tiny_hf(request, tmp_path):
+    model = make_tiny_hf_model(request.param, tmp_path / request.param)
+    return request.param, tmp_path / request.param, model

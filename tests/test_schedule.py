@@ -1,0 +1,443 @@
+"""The verification-length scheduler: the step-time table, the policies' exact
+choices, and the losslessness trap of the paper's Appendix A as a statistical test."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from dspark.schedule import (
+    POLICY_NAMES,
+    ConfidenceThreshold,
+    DrafterTimeTable,
+    DSparkAsync,
+    DSparkSync,
+    FixedLength,
+    NoSpeculation,
+    ScheduleError,
+    StepTimeTable,
+    make_monotone,
+    make_policy,
+)
+
+
+def survival_from(confidence: list[list[float]]) -> np.ndarray:
+    return np.cumprod(np.asarray(confidence, dtype=np.float64), axis=1)
+
+
+def table_from_seconds(seconds: list[float]) -> StepTimeTable:
+    """A table measured at 1, 2, 3, ... tokens with these step times."""
+    return StepTimeTable(token_counts=list(range(1, len(seconds) + 1)), raw_ms=[1000.0 * t for t in seconds])
+
+
+def admission_order(s: np.ndarray) -> list[tuple[int, int]]:
+    rows, cols = s.shape
+    return sorted(((i, k) for i in range(rows) for k in range(cols)), key=lambda ik: (-s[ik], ik[1], ik[0]))
+
+
+def rate(s: np.ndarray, admitted: list[tuple[int, int]], table: StepTimeTable) -> float:
+    rows = s.shape[0]
+    expected = rows + sum(s[ik] for ik in admitted)
+    return expected / table.step_time(rows + len(admitted), rows)
+
+
+def lengths_of(admitted: list[tuple[int, int]], rows: int) -> list[int]:
+    lengths = [0] * rows
+    for i, _ in admitted:
+        lengths[i] += 1
+    return lengths
+
+
+def algorithm1(s: np.ndarray, table: StepTimeTable) -> list[int]:
+    """Algorithm 1 written as the plain loop, to pin the vectorised DSparkSync."""
+    order, admitted = admission_order(s), []
+    best = rate(s, admitted, table)
+    for ik in order:
+        candidate = rate(s, admitted + [ik], table)
+        if not candidate > best:
+            break
+        admitted.append(ik)
+        best = candidate
+    return lengths_of(admitted, s.shape[0])
+
+
+class RetrospectiveSearch:
+    """The trap, kept out of the package on purpose: a synchronous scheduler that
+    evaluates every prefix of the admission order of the CURRENT draft and keeps the
+    best one. It lets s_{i,k+1} (which depends on drafted token k) decide whether
+    token k, or token 1 versus no speculation, is verified."""
+
+    def __init__(self, table: StepTimeTable) -> None:
+        self.table = table
+
+    def choose(self, survival: np.ndarray) -> list[int]:
+        s = np.asarray(survival, dtype=np.float64)
+        order = admission_order(s)
+        best_m = max(range(len(order) + 1), key=lambda m: (rate(s, order[:m], self.table), -m))
+        return lengths_of(order[:best_m], s.shape[0])
+
+
+def budget_by_whole_search(s: np.ndarray, table: StepTimeTable) -> int:
+    order = admission_order(s)
+    return max(range(len(order) + 1), key=lambda m: (rate(s, order[:m], table), -m))
+
+
+# -- step-time table ---------------------------------------------------------------
+
+
+def test_target_time_interpolates_and_extrapolates():
+    table = StepTimeTable(token_counts=[1, 16, 32], raw_ms=[10.0, 10.0, 18.0])
+    assert table.target_time(0) == 0.0
+    assert table.target_time(1) == pytest.approx(0.010)
+    assert table.target_time(8) == pytest.approx(0.010)
+    assert table.target_time(24) == pytest.approx(0.014)
+    assert table.target_time(32) == pytest.approx(0.018)
+    assert table.target_time(40) == pytest.approx(0.022)  # last slope, 0.5 ms per token
+    assert table.max_token_count == 32
+    single = StepTimeTable(token_counts=[8], raw_ms=[5.0])
+    assert single.target_time(1) == single.target_time(100) == pytest.approx(0.005)
+    np.testing.assert_allclose(table.step_times(np.array([1, 24, 40]), 3), [0.010, 0.014, 0.022])
+
+
+def test_drafter_time_adds_to_step_time():
+    drafter = DrafterTimeTable(method="dspark", request_counts=[1, 8], raw_ms=[1.0, 3.0])
+    table = StepTimeTable(token_counts=[1, 16, 32], raw_ms=[10.0, 10.0, 18.0], drafter=drafter)
+    assert table.drafter_time(0) == 0.0
+    assert table.drafter_time(1) == pytest.approx(0.001)
+    assert table.drafter_time(4) == pytest.approx((1.0 + 2.0 * 3 / 7) / 1000)
+    assert table.step_time(24, 4) == pytest.approx(0.014 + (1.0 + 2.0 * 3 / 7) / 1000)
+    assert StepTimeTable(token_counts=[1], raw_ms=[2.0]).drafter_time(5) == 0.0
+
+
+def test_monotone_fix_is_a_running_max():
+    assert make_monotone([10.0, 12.0, 11.0, 15.0, 14.0]) == [10.0, 12.0, 12.0, 15.0, 15.0]
+    table = StepTimeTable(token_counts=[1, 2, 4, 8, 16], raw_ms=[10.0, 12.0, 11.0, 15.0, 14.0])
+    assert table.raw_ms == [10.0, 12.0, 11.0, 15.0, 14.0]
+    assert table.step_ms == [10.0, 12.0, 12.0, 15.0, 15.0]
+    assert table.target_time(4) == pytest.approx(0.012)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(token_counts=[1, 2], raw_ms=[1.0, 2.0], step_ms=[2.0, 1.0]), "non-decreasing"),
+        (dict(token_counts=[1, 2], raw_ms=[1.0]), "each count"),
+        (dict(token_counts=[2, 1], raw_ms=[1.0, 2.0]), "ascending"),
+        (dict(token_counts=[], raw_ms=[]), "no measurements"),
+        (dict(token_counts=[1], raw_ms=[0.0]), "positive"),
+    ],
+)
+def test_bad_tables_are_refused(kwargs, message):
+    with pytest.raises(ScheduleError, match=message):
+        StepTimeTable(**kwargs)
+
+
+def test_json_round_trip(tmp_path):
+    drafter = DrafterTimeTable(method="dspark", request_counts=[1, 4, 16], raw_ms=[1.5, 1.4, 2.5])
+    table = StepTimeTable(
+        token_counts=[1, 8, 64], raw_ms=[9.0, 8.5, 30.0], drafter=drafter,
+        model="Qwen/Qwen3-4B", dtype="bfloat16", device="cuda:0", machine="h100-x1", context_len=1024,
+    )
+    path = tmp_path / "tables" / "step_time.json"
+    table.save(path)
+    on_disk = json.loads(path.read_text())
+    assert set(on_disk) == {"model", "dtype", "device", "machine", "context_len",
+                            "token_counts", "raw_ms", "step_ms", "drafter"}
+    assert on_disk["step_ms"] == [9.0, 9.0, 30.0]
+    assert on_disk["drafter"] == {"method": "dspark", "request_counts": [1, 4, 16],
+                                  "raw_ms": [1.5, 1.4, 2.5], "step_ms": [1.5, 1.5, 2.5]}
+    loaded = StepTimeTable.load(path)
+    assert loaded == table
+    assert loaded.step_time(20, 4) == table.step_time(20, 4)
+    no_drafter = StepTimeTable(token_counts=[1], raw_ms=[3.0])
+    assert json.loads(no_drafter.to_json())["drafter"] is None
+    assert StepTimeTable.from_json(no_drafter.to_json()) == no_drafter
+
+
+def test_loading_bad_files_says_what_is_wrong(tmp_path):
+    with pytest.raises(ScheduleError, match="dspark profile"):
+        StepTimeTable.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ScheduleError, match="not valid JSON"):
+        StepTimeTable.load(bad)
+    bad.write_text(json.dumps({"raw_ms": [1.0]}))
+    with pytest.raises(ScheduleError, match="token_counts"):
+        StepTimeTable.load(bad)
+
+
+def test_synthetic_is_flat_then_linear():
+    table = StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=0.5, max_tokens=256, drafter_ms=2.0)
+    assert table.target_time(1) == table.target_time(16) == pytest.approx(0.010)
+    assert table.target_time(20) == pytest.approx(0.012)
+    assert table.target_time(256) == pytest.approx(0.130)
+    assert table.step_time(20, 7) == pytest.approx(0.014)
+
+
+# -- policies: exact cases -----------------------------------------------------------
+
+
+def test_baselines():
+    s = survival_from([[0.9, 0.7, 0.5], [0.6, 0.5, 0.5]])  # [[.9 .63 .315], [.6 .3 .15]]
+    assert NoSpeculation().choose(s) == [0, 0]
+    assert FixedLength(2).choose(s) == [2, 2]
+    assert FixedLength(7).choose(s) == [3, 3]
+    assert FixedLength().choose(torch.empty(4, 5)) == [5] * 4
+    assert ConfidenceThreshold(0.5).choose(s) == [2, 1]
+    assert ConfidenceThreshold(0.0).choose(s) == [3, 3]
+    assert ConfidenceThreshold(1.0).choose(s) == [0, 0]
+    assert ConfidenceThreshold(0.3).choose(torch.tensor(s, dtype=torch.bfloat16)) == [3, 2]
+
+
+def test_sync_with_flat_table_admits_every_positive_survival():
+    flat = StepTimeTable(token_counts=[1], raw_ms=[10.0])
+    s = survival_from([[0.9, 0.5, 0.0, 0.7], [0.3, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    assert DSparkSync(flat).choose(s) == [2, 1, 4]
+
+
+def test_sync_with_steep_table_admits_nothing():
+    proportional = StepTimeTable(token_counts=[1, 1000], raw_ms=[1.0, 1000.0])  # T(n) = n ms
+    s = survival_from([[0.99, 0.99], [0.5, 0.4], [1.0, 0.9]])
+    assert DSparkSync(proportional).choose(s) == [0, 0, 0]
+
+
+def test_sync_breaks_at_the_first_drop_where_whole_search_does_not():
+    # App. A: rates 1.0 / 0.5 / 0.45 for 1 / 2 / 3 tokens; c1 = 0.8, c2 = 0.9
+    table = table_from_seconds([1 / 1.0, 1 / 0.5, 1 / 0.45])
+    s = survival_from([[0.8, 0.9]])
+    assert DSparkSync(table).choose(s) == [0]
+    assert RetrospectiveSearch(table).choose(s) == [2]
+    assert algorithm1(s, table) == [0]
+
+
+def test_sync_matches_algorithm1_and_respects_prefixes_on_random_cases():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        rows, cols = int(rng.integers(1, 7)), int(rng.integers(1, 6))
+        confidence = rng.uniform(0.2, 1.0, size=(rows, cols))
+        confidence[rng.random((rows, cols)) < 0.15] = 1.0  # ties inside a row
+        s = survival_from(confidence.tolist())
+        counts = sorted(set(rng.integers(1, 40, size=6).tolist()) | {1})
+        table = StepTimeTable(token_counts=counts, raw_ms=rng.uniform(1.0, 5.0, size=len(counts)).tolist())
+        lengths = DSparkSync(table).choose(s)
+        assert lengths == algorithm1(s, table)
+        # the admitted set is an upper set of the survival order: no skipped entry
+        # outranks an admitted one
+        admitted = [s[i, k] for i in range(rows) for k in range(lengths[i])]
+        skipped = [s[i, lengths[i]] for i in range(rows) if lengths[i] < cols]
+        if admitted and skipped:
+            assert min(admitted) >= max(skipped)
+
+
+def test_top_budget_breaks_ties_by_lower_position():
+    flat = StepTimeTable(token_counts=[1], raw_ms=[1.0])
+    policy = DSparkAsync(flat, lag=2, warmup_length=1)  # warm-up budget: one token per request
+    s = survival_from([[0.9, 1.0, 1.0], [0.9, 0.5, 0.2]])
+    assert policy.choose(s) == [1, 1]
+    assert policy.last_budget == 2
+
+
+def test_async_uses_the_lagged_budget_not_the_current_survivals():
+    table = StepTimeTable.synthetic(base_ms=10.0, knee=4, per_token_ms=1.0, max_tokens=64)
+    confident = survival_from([[0.99] * 6] * 3)
+    doubtful = survival_from([[0.3] * 6] * 3)
+    high, low = budget_by_whole_search(confident, table), budget_by_whole_search(doubtful, table)
+    assert high > low
+
+    policy = DSparkAsync(table, lag=2, warmup_length=1)
+    assert policy.choose(confident) == [1, 1, 1]  # warm-up
+    assert policy.choose(doubtful) == [1, 1, 1]  # warm-up
+    lengths = policy.choose(doubtful)  # budget from `confident`, two steps back
+    assert policy.last_budget == high and sum(lengths) == high
+    lengths = policy.choose(confident)  # budget from the first `doubtful`
+    assert policy.last_budget == low and sum(lengths) == low
+    policy.reset()
+    assert policy.choose(confident) == [1, 1, 1]
+
+
+def test_async_searches_the_whole_table():
+    # J by budget is 1.0, 0.9, 1.134: the best budget lies past a drop
+    table = table_from_seconds([1 / 1.0, 1 / 0.5, 1 / 0.45])
+    s = survival_from([[0.8, 0.9]])
+    policy = DSparkAsync(table, lag=1, warmup_length=0)
+    assert policy.choose(s) == [0]
+    assert policy.choose(s) == [2]
+
+
+def test_async_budget_scales_with_the_batch():
+    table = StepTimeTable.synthetic(base_ms=10.0, knee=8, per_token_ms=0.7, max_tokens=256)
+    rng = np.random.default_rng(1)
+    lagged = survival_from(rng.uniform(0.5, 1.0, size=(2, 5)).tolist())
+    from_pair, from_copies = DSparkAsync(table, lag=1), DSparkAsync(table, lag=1)
+    from_pair.choose(lagged)
+    from_copies.choose(np.concatenate([lagged, lagged]))
+    # the lagged profile scaled to four requests is the duplicated matrix, exactly
+    assert from_pair.budget(4, 5) == from_copies.budget(4, 5) == budget_by_whole_search(
+        np.concatenate([lagged, lagged]), table
+    )
+    shrunk = from_copies.budget(1, 5)
+    assert 0 <= shrunk <= 5
+    current = survival_from(rng.uniform(0.5, 1.0, size=(4, 5)).tolist())
+    assert sum(from_pair.choose(current)) == from_copies.budget(4, 5)
+
+
+def test_empty_inputs():
+    table = StepTimeTable.synthetic()
+    for policy in (NoSpeculation(), FixedLength(3), ConfidenceThreshold(0.5), DSparkSync(table), DSparkAsync(table)):
+        assert policy.choose(np.zeros((0, 4))) == []
+        assert policy.choose(np.zeros((3, 0))) == [0, 0, 0]
+
+
+def test_bad_survival_fails_loudly():
+    policy = DSparkSync(StepTimeTable.synthetic())
+    with pytest.raises(ValueError, match="non-increasing"):
+        policy.choose([[0.5, 0.9]])
+    with pytest.raises(ValueError, match="shape"):
+        policy.choose([0.5, 0.4])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        policy.choose([[1.5, 0.4]])
+
+
+def test_make_policy():
+    table = StepTimeTable.synthetic()
+    assert isinstance(make_policy("none"), NoSpeculation)
+    assert make_policy("fixed", gamma=3).choose(np.ones((2, 5))) == [3, 3]
+    assert make_policy("threshold", threshold=0.7).tau == 0.7
+    assert isinstance(make_policy("dspark-sync", table=table), DSparkSync)
+    policy = make_policy("dspark-async", table=table, gamma=2, lag=3)
+    assert isinstance(policy, DSparkAsync) and policy.lag == 3 and policy.warmup_length == 2
+    assert set(POLICY_NAMES) == {"none", "fixed", "threshold", "dspark-sync", "dspark-async"}
+    with pytest.raises(ScheduleError, match="unknown verification policy 'eagle'.*dspark-async"):
+        make_policy("eagle")
+    with pytest.raises(ScheduleError, match="step-time table"):
+        make_policy("dspark-sync")
+    with pytest.raises(ScheduleError, match="non-negative integer"):
+        make_policy("fixed", gamma=-1)
+    with pytest.raises(ScheduleError, match=r"\[0, 1\]"):
+        make_policy("threshold", threshold=1.5)
+    with pytest.raises(ScheduleError, match="lag must be"):
+        make_policy("dspark-async", table=table, lag=0)
+
+
+def test_choose_is_fast_at_64_requests_by_16_tokens():
+    table = StepTimeTable.synthetic(drafter_ms=2.0)
+    survival = torch.cumprod(torch.rand(64, 16, generator=torch.Generator().manual_seed(0)) * 0.3 + 0.7, dim=1)
+    for policy in (DSparkSync(table), DSparkAsync(table, lag=2)):
+        for _ in range(10):
+            policy.choose(survival)
+        start = time.perf_counter()
+        for _ in range(100):
+            policy.choose(survival)
+        per_call = (time.perf_counter() - start) / 100
+        assert per_call < 5e-3, f"{policy.name} took {per_call * 1e3:.2f} ms per step"
+
+
+# -- the losslessness trap (paper App. A) ---------------------------------------------
+#
+# One request, two drafted tokens, vocabulary {A=0, B=1}. The drafter samples d1 from
+# q1 with confidence c1 = 0.8 (= sum min(p1, q1), so it is calibrated), then d2 from
+# q2(. | d1) with c2 = 0.9 after A and 0.1 after B (again sum min(p2, q2)). "Rate" is the
+# paper's throughput denominator r(n) = 1 / T(n): J = expected tokens * r(n), so a table
+# with T(n) = 1 / r(n) seconds reproduces its numbers. With rates 1.0 / 0.5 / 0.45:
+#   J(L=0) = 1, J(L=1) = 1.8 * 0.5 = 0.9, J(L=2) = (1.8 + 0.8 c2) * 0.45
+#   = 1.134 after A, 0.846 after B.
+# Algorithm 1 stops at L=1's drop, so it never speculates here; the whole-table search
+# verifies both tokens when d1 = A and none when d1 = B, which lets d1 decide whether it
+# is verified at all. Its first token is A with probability
+#   q1(B) p1(A) + q1(A) min(1, p1(A) / q1(A)) = 0.4 * 0.4 + 0.6 * 2/3 = 0.56, not p1(A) = 0.4.
+
+Q1 = (0.6, 0.4)
+P1 = (0.4, 0.6)
+Q2 = {0: (0.8, 0.2), 1: (0.95, 0.05)}  # drafter, given d1
+P2 = {0: (0.7, 0.3), 1: (0.05, 0.95)}  # target, given the first emitted token
+C1, C2 = 0.8, {0: 0.9, 1: 0.1}
+APPENDIX_A_TABLE = table_from_seconds([1 / 1.0, 1 / 0.5, 1 / 0.45])
+# here Algorithm 1 verifies d1 always and d2 only after A: it legitimately reads c2
+VERIFY_SOME_TABLE = table_from_seconds([1.0, 1.1, 1.5])
+ROUNDS = 40_000
+
+
+def draw(rng: np.random.Generator, dist: tuple[float, float]) -> int:
+    return 0 if rng.random() < dist[0] else 1  # rng.random() is a float64 uniform
+
+
+def target_next(prefix: list[int]) -> tuple[float, float]:
+    return P1 if not prefix else P2[prefix[0]]
+
+
+def play_round(rng: np.random.Generator, policy, survival: dict[int, np.ndarray]) -> tuple[int, int, int]:
+    """One speculative round, then plain target sampling up to two tokens.
+    Returns (first token, second token, L)."""
+    d1 = draw(rng, Q1)
+    d2 = draw(rng, Q2[d1])
+    length = policy.choose(survival[d1])[0]
+    drafts, draft_dists = [d1, d2][:length], [Q1, Q2[d1]]
+    emitted: list[int] = []
+    for k, token in enumerate(drafts):
+        p, q = target_next(emitted), draft_dists[k]
+        if rng.random() < min(1.0, p[token] / q[token]):
+            emitted.append(token)
+            continue
+        residual = [max(0.0, p[x] - q[x]) for x in (0, 1)]
+        emitted.append(draw(rng, (residual[0] / sum(residual), residual[1] / sum(residual))))
+        break
+    else:
+        emitted.append(draw(rng, target_next(emitted)))  # bonus, or plain decoding when L = 0
+    while len(emitted) < 2:
+        emitted.append(draw(rng, target_next(emitted)))
+    return emitted[0], emitted[1], length
+
+
+def simulate(policy, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of (first, second) emitted token [2, 2] and of L [3] over ROUNDS rounds."""
+    rng = np.random.default_rng(seed)
+    survival = {d1: np.array([[C1, C1 * C2[d1]]]) for d1 in (0, 1)}
+    joint, lengths = np.zeros((2, 2), dtype=np.int64), np.zeros(3, dtype=np.int64)
+    for _ in range(ROUNDS):
+        first, second, length = play_round(rng, policy, survival)
+        joint[first, second] += 1
+        lengths[length] += 1
+    return joint, lengths
+
+
+def chi_square_p_value(joint: np.ndarray) -> float:
+    """Goodness of fit of the 4 cells to p1(x1) p2(x2 | x1); 3 degrees of freedom."""
+    expected = ROUNDS * np.array([[P1[a] * P2[a][b] for b in (0, 1)] for a in (0, 1)])
+    stat = float(((joint - expected) ** 2 / expected).sum())
+    return math.erfc(math.sqrt(stat / 2)) + math.sqrt(2 * stat / math.pi) * math.exp(-stat / 2)
+
+
+def first_token_tv(joint: np.ndarray) -> float:
+    return abs(joint[0].sum() / ROUNDS - P1[0])
+
+
+def test_whole_table_search_biases_the_first_token():
+    joint, lengths = simulate(RetrospectiveSearch(APPENDIX_A_TABLE), seed=11)
+    assert lengths[1] == 0 and lengths[0] > 0 and lengths[2] > 0  # L = 2 after A, L = 0 after B
+    assert joint[0].sum() / ROUNDS == pytest.approx(0.56, abs=0.015)
+    assert first_token_tv(joint) > 0.1
+    assert chi_square_p_value(joint) < 1e-9
+
+
+@pytest.mark.parametrize(
+    "make, table, seed, used",
+    [
+        (lambda t: DSparkSync(t), APPENDIX_A_TABLE, 12, {0}),
+        (lambda t: DSparkAsync(t, lag=2), APPENDIX_A_TABLE, 13, {0, 2}),
+        (lambda t: ConfidenceThreshold(0.5), APPENDIX_A_TABLE, 14, {1, 2}),
+        (lambda t: FixedLength(2), APPENDIX_A_TABLE, 15, {2}),
+        (lambda t: DSparkSync(t), VERIFY_SOME_TABLE, 16, {1, 2}),
+        (lambda t: DSparkAsync(t, lag=2), VERIFY_SOME_TABLE, 17, {1, 2}),
+    ],
+    ids=["sync", "async", "threshold", "fixed", "sync-reads-c2", "async-verify-some"],
+)
+def test_lossless_policies_keep_the_target_distribution(make, table, seed, used):
+    joint, lengths = simulate(make(table), seed=seed)
+    assert set(np.flatnonzero(lengths).tolist()) == used
+    assert first_token_tv(joint) < 0.015
+    assert chi_square_p_value(joint) > 1e-3
