@@ -13,7 +13,12 @@ from .runtime.loader import ModelLoadError
 from .sampling import SamplingError
 from .schedule.step_time import ScheduleError
 
+class UserError(Exception):
+    """A mistake the user can fix; the CLI prints it as one line (exit status 2)."""
+
+
 USER_ERRORS: tuple[type[Exception], ...] = (
+    UserError,
     ConfigError,
     DefaultModelUnavailable,
     ContextTooLong,
@@ -21,4 +26,5 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     SamplingError,
     DrafterConfigError,
     DrafterCheckpointError,
+    ScheduleError,
 )

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 def _parse_spec_config(text: str | None):
     if text is None:
         return None
-    from dspark.cli.main import UserError
+    from dspark.errors import UserError
 
     try:
         cfg = json.loads(text)

@@ -21,10 +21,6 @@ SUBCOMMANDS = {
 }
 
 
-class UserError(Exception):
-    """A mistake the user can fix; printed as one line, exit status 2."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dspark",
@@ -67,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 def _is_user_error(e: Exception) -> bool:
     from dspark.errors import USER_ERRORS
 
-    return isinstance(e, (UserError, *USER_ERRORS))
+    return isinstance(e, USER_ERRORS)
 
 
 if __name__ == "__main__":

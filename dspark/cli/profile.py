@@ -1,0 +1,49 @@
+"""`dspark profile`: measure the target's step-time curve for the prefix scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import add_model_args, load_target
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="measure the target's step time by token count (the scheduler's cost curve)",
+        description="Time one target forward for token counts 1..--max-tokens on a KV context of "
+                    "--context-len tokens (medians after warm-up), make the curve monotone, and write "
+                    "a JSON table plus a PNG plot. The table is cached per model, dtype, device and "
+                    "machine; `dspark serve` reuses it.",
+    )
+    add_model_args(p)
+    p.add_argument("--max-tokens", type=int, default=512, help="largest token count to time (default: %(default)s)")
+    p.add_argument("--context-len", type=int, default=256, help="KV context per request (default: %(default)s)")
+    p.add_argument("--tokens-per-request", type=int, default=8,
+                   help="a step of n tokens is split into requests of this many tokens, like a verification "
+                        "step (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per point; the median is kept (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default: the profile cache)")
+    p.add_argument("--force", action="store_true", help="re-measure even if a cached table exists")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dspark.engine.profiling import profile_target
+
+    target = load_target(args)
+    table, path, cached = profile_target(target, args.max_tokens, args.context_len, args.tokens_per_request,
+                                         args.repeats, args.warmup, args.out, args.force, quiet=args.json)
+    if args.json:
+        print(table.to_json())
+        return 0
+    print(f"{'reused cached' if cached else 'wrote'} {path}" + ("" if cached else f" and {path.with_suffix('.png')}"))
+    for n in (1, 8, 16, 64, 128, 256, 512):
+        if n <= table.token_counts[-1]:
+            print(f"  {n:4d} tokens: {table.target_time(n) * 1000:7.1f} ms")
+    return 0
+

@@ -1,0 +1,180 @@
+"""DSpark: a parallel block drafter with KV injection, a Markov head and a confidence
+head. DFlash is the same model with `method="dflash"` (no heads).
+
+Data flow of one `draft` call for request r with context length P:
+
+    context feature of token p < P:  f_p = hidden_norm(fc(concat_i target_hidden_i[p]))
+    (each layer's k/v projections of f_p sit in the request's KV slot, written once by
+    `append_context`; a rollback only moves the slot's length)
+
+    block  = [anchor at P, mask at P+1 .. P+γ]                 (γ = block_size - 1)
+    every layer: queries = block, keys/values = [context 0..P-1 ; block], non-causal
+    h_k    = norm(output at block position k),  k = 1..num_tokens
+    logits = lm_head(h_k) (+ Markov bias of the token drafted at k-1)
+    c_k    = confidence head (h_k, Markov latent)
+
+The backbone runs once per call for all requests (one padded batch); only the cheap
+Markov bias and the sampling go left to right. The block always has its full
+`block_size`, also when fewer tokens are asked for, so that position k sees what it
+saw in training.
+
+Training (teacher forcing over whole sequences) reuses the same pieces:
+`context_features` -> `context_kv` -> `run_backbone` with an explicit mask that lets
+each block see the context before its anchor plus itself, then `norm` and
+`head_outputs` with the true previous tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dspark.runtime.model import RMSNorm
+
+from .base import DraftOutput, DraftRequest
+from .config import DrafterConfig
+from .heads import ConfidenceHead, MarkovHead
+from .kv_drafter import KVDrafter
+from .layers import DrafterLayer, attention_mask, gather_past
+from .target_parts import TargetParts
+from .token_choice import choose_tokens
+
+
+class DSparkDrafter(KVDrafter):
+    def __init__(self, config: DrafterConfig, target: TargetParts) -> None:
+        super().__init__(config, target)
+        if config.method not in ("dspark", "dflash"):
+            raise ValueError(f"DSparkDrafter builds dspark/dflash, not {config.method!r}")
+        h = config.hidden_size
+        t = target.cfg.hidden_size
+        self.fc = nn.Linear(len(config.target_layer_ids) * t, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DrafterLayer(self.layer_config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.markov_head = (
+            MarkovHead(config.vocab_size, h, config.markov_rank, config.markov_head_type)
+            if config.has_markov_head else None
+        )
+        self.confidence_head = (
+            ConfidenceHead(h, config.markov_rank if config.confidence_head_with_markov else 0, config.max_draft_tokens)
+            if config.enable_confidence_head else None
+        )
+
+    # --- model pieces (shared by drafting and training) ------------------------------
+    def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """[..., taps, target_hidden] -> injected context features [..., hidden]."""
+        return self.hidden_norm(self.fc(target_hidden.flatten(-2).to(self.fc.weight.dtype)))
+
+    def context_kv(
+        self,
+        features: torch.Tensor,  # [B, S, hidden]
+        positions: torch.Tensor,  # [B, S] absolute positions of the context tokens
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, keys/values of context features: [B, kv_heads, S, head_dim] each."""
+        cos, sin = self.rotary(positions, features.dtype)
+        out = []
+        for layer in self.layers:
+            k, v = layer.project_context(features, cos, sin)
+            out.append((k.transpose(1, 2), v.transpose(1, 2)))
+        return out
+
+    def block_token_ids(self, anchors: torch.Tensor) -> torch.Tensor:
+        """[...] anchor tokens -> [..., block_size]: the anchor, then mask tokens."""
+        masks = torch.full((*anchors.shape, self.config.block_size - 1), self.config.mask_token_id,
+                           dtype=torch.long, device=anchors.device)
+        return torch.cat([anchors.unsqueeze(-1).long(), masks], dim=-1)
+
+    def run_backbone(
+        self,
+        x: torch.Tensor,  # [B, Q, hidden] block embeddings
+        positions: torch.Tensor,  # [B, Q] absolute positions of the queries
+        context_kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [B, kv_heads, K, head_dim]
+        mask: torch.Tensor | None,  # [B, 1, Q, K + Q] bool over [context keys, query keys]
+    ) -> torch.Tensor:
+        """The N layers: [B, Q, hidden] BEFORE the final `norm`. Every query attends to
+        the context keys and the queries' own keys allowed by `mask` (None = all)."""
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer, (ck, cv) in zip(self.layers, context_kv):
+            x, _, _ = layer(x, cos, sin, ck, cv, mask)
+        return x
+
+    def head_outputs(
+        self,
+        hidden: torch.Tensor,  # [..., K, hidden] normed backbone output at block positions 1..K
+        prev_tokens: torch.Tensor,  # [..., K] token at the previous block position (anchor first)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher-forced (logits [..., K, vocab] fp32 incl. the Markov bias,
+        confidence logits [..., K] before temperature, or None)."""
+        logits = self.target.logits(hidden)
+        latent = None
+        if self.markov_head is not None:
+            latent = self.markov_head.block_latents(prev_tokens, hidden)
+            logits = logits + self.markov_head.bias(latent).float()
+        conf = self.confidence_head.logit(hidden, latent) if self.confidence_head is not None else None
+        return logits, conf
+
+    # --- drafter interface -----------------------------------------------------------
+    def _truncate_slot(self, slot: int, length: int) -> None:
+        self.pool.truncate(slot, length)
+
+    @torch.inference_mode()
+    def append_context(
+        self,
+        request_ids: list[object],
+        tokens: list[list[int]],
+        start_positions: list[int],
+        hidden: torch.Tensor,
+    ) -> None:
+        _, token_slots, positions, hidden = self._claim_context(request_ids, tokens, start_positions, hidden)
+        if token_slots.numel():
+            feats = self.context_features(hidden)  # [N, hidden]
+            cos, sin = self.rotary(positions, feats.dtype)
+            for i, layer in enumerate(self.layers):
+                k, v = layer.project_context(feats, cos, sin)  # [N, kv_heads, head_dim]
+                self.pool.k[i][token_slots, :, positions] = k
+                self.pool.v[i][token_slots, :, positions] = v
+        for rid, toks, start in zip(request_ids, tokens, start_positions):
+            slot = self.slot(rid)
+            self.pool.lengths[slot] = self._context_len[slot] = start + len(toks)
+
+    @torch.inference_mode()
+    def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:
+        slots = self._claim_draft(requests, num_tokens)
+        dev, r, q = self.device, len(requests), self.config.block_size
+        if r == 0:
+            return _empty_output(num_tokens, self.target.cfg.vocab_size, self.confidence_head is not None, dev)
+        lens = [self._context_len[s] for s in slots]
+        anchors = torch.tensor([req.anchor_token for req in requests], dtype=torch.long, device=dev)  # [R]
+        x = self.target.embed(self.block_token_ids(anchors), self.dtype)  # [R, Q, hidden]
+        positions = torch.tensor(lens, device=dev).unsqueeze(1) + torch.arange(q, device=dev)  # [R, Q]
+        kmax = max(lens)
+        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
+        context = [(gather_past(self.pool.k[i], slot_t, lens, kmax), gather_past(self.pool.v[i], slot_t, lens, kmax))
+                   for i in range(len(self.layers))]
+        mask = attention_mask(lens, [q] * r, kmax, q, causal=False, device=dev)
+        h = self.norm(self.run_backbone(x, positions, context, mask)[:, 1 : 1 + num_tokens])  # [R, n, hidden]
+        base = self.target.logits(h)  # [R, n, vocab]
+
+        tokens, logits, latents = [], [], []
+        prev, latent = anchors, None
+        for k in range(num_tokens):
+            step = base[:, k]
+            if self.markov_head is not None:
+                latent = self.markov_head.latent(prev, h[:, k], latent)  # [R, rank]
+                step = step + self.markov_head.bias(latent).float()
+                latents.append(latent)
+            prev = choose_tokens(step, requests)
+            tokens.append(prev)
+            logits.append(step)
+        conf = None
+        if self.confidence_head is not None:
+            conf = self.confidence_head(h, torch.stack(latents, dim=1) if latents else None)
+        return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits, dim=1), conf)
+
+
+def _empty_output(num_tokens: int, vocab: int, with_conf: bool, device: torch.device) -> DraftOutput:
+    return DraftOutput(
+        torch.zeros(0, num_tokens, dtype=torch.long, device=device),
+        torch.zeros(0, num_tokens, vocab, device=device),
+        torch.zeros(0, num_tokens, device=device) if with_conf else None,
+    )

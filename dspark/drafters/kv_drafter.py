@@ -1,0 +1,153 @@
+"""Per-request bookkeeping shared by the weighted drafters (DSpark, DFlash, Eagle3, MTP).
+
+Each request owns a slot of a `KVCachePool` built from the drafter's own layer
+config. The drafter tracks the request's context length (target tokens whose hidden
+states it has been given); what the pool holds per context token is the subclass's
+business (`_truncate_slot` maps a context length onto it).
+
+`reserve(num_slots, max_len)` sizes that memory; without it the first `add_request`
+reserves DEFAULT_NUM_SLOTS requests of DEFAULT_MAX_LEN tokens (the pool is
+`torch.empty`, so on a CPU untouched pages cost nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.runtime.kv_cache import KVCachePool
+
+from .base import DraftRequest, Drafter
+from .config import DrafterConfig
+from .layers import Rotary
+from .target_parts import TargetParts
+
+DEFAULT_NUM_SLOTS = 8
+DEFAULT_MAX_LEN = 4096
+
+
+class KVDrafter(Drafter):
+    def __init__(self, config: DrafterConfig, target: TargetParts) -> None:
+        super().__init__()
+        problems = config.check_target(target.cfg)
+        if problems:
+            raise ValueError("drafter does not fit the target: " + "; ".join(problems))
+        self.config = config
+        self.target = target
+        self.method = config.method
+        self.target_layer_ids = list(config.target_layer_ids)
+        self.max_draft_tokens = config.max_draft_tokens
+        self.layer_config = config.layer_config()
+        self.rotary = Rotary(self.layer_config)
+        self.pool: KVCachePool | None = None
+        self._context_len: list[int] = []  # per slot
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    # --- memory ------------------------------------------------------------------
+    def reserve(self, num_slots: int, max_len: int) -> None:
+        if self.pool is not None and self.pool.num_free != self.pool.num_slots:
+            raise RuntimeError("reserve() while requests are live; release them first")
+        self.pool = KVCachePool(self.layer_config, num_slots, max_len, self.dtype, self.device)
+        self._context_len = [0] * num_slots
+        self._reserve_extra(num_slots, max_len)
+
+    def _reserve_extra(self, num_slots: int, max_len: int) -> None:
+        """Per-slot memory beyond the KV pool (subclasses)."""
+
+    def _ensure_pool(self) -> KVCachePool:
+        pool = self.pool
+        if pool is None:
+            self.reserve(DEFAULT_NUM_SLOTS, DEFAULT_MAX_LEN)
+        elif pool.k[0].dtype != self.dtype or pool.k[0].device != self.device:  # the drafter was moved
+            self.reserve(pool.num_slots, pool.max_len)
+        return self.pool
+
+    # --- requests ----------------------------------------------------------------
+    def add_request(self, request_id: object) -> None:
+        slot = self._ensure_pool().allocate(request_id)
+        self._context_len[slot] = 0
+
+    def release(self, request_id: object) -> None:
+        if self.pool is not None:
+            self.pool.release(request_id)
+
+    def slot(self, request_id: object) -> int:
+        try:
+            return self.pool.slot_of(request_id)  # type: ignore[union-attr]
+        except (KeyError, AttributeError):
+            raise ValueError(f"request {request_id!r} is not registered with the drafter (add_request first)") from None
+
+    def context_length(self, request_id: object) -> int:
+        return self._context_len[self.slot(request_id)]
+
+    def rollback(self, request_id: object, length: int) -> None:
+        slot = self.slot(request_id)
+        if not 0 <= length <= self._context_len[slot]:
+            raise ValueError(f"cannot roll request {request_id!r} of context {self._context_len[slot]} back to {length}")
+        self._truncate_slot(slot, length)
+        self._context_len[slot] = length
+
+    def _truncate_slot(self, slot: int, length: int) -> None:
+        raise NotImplementedError
+
+    # --- shared input checks -------------------------------------------------------
+    def _claim_context(
+        self,
+        request_ids: list[object],
+        tokens: list[list[int]],
+        start_positions: list[int],
+        hidden: torch.Tensor,
+    ) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Validate an `append_context` call, roll requests back to their start positions
+        and reserve room. Returns (slot per request, slot per token [N], position per
+        token [N], hidden [N, taps, H] on the drafter's device/dtype)."""
+        if not len(request_ids) == len(tokens) == len(start_positions):
+            raise ValueError("request_ids, tokens and start_positions differ in length")
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError("a request appears twice in one append_context call")
+        n = sum(len(t) for t in tokens)
+        taps, width = len(self.target_layer_ids), self.target.cfg.hidden_size
+        if hidden.dim() != 3 or tuple(hidden.shape) != (n, taps, width):
+            raise ValueError(
+                f"hidden must be [{n} tokens, {taps} tapped layers {self.target_layer_ids}, {width}], "
+                f"got {list(hidden.shape)}"
+            )
+        pool = self._ensure_pool()
+        slots = []
+        for rid, toks, start in zip(request_ids, tokens, start_positions):
+            slot = self.slot(rid)
+            if start > self._context_len[slot]:
+                raise ValueError(
+                    f"request {rid!r}: context starts at {start} but the drafter holds "
+                    f"{self._context_len[slot]} tokens (no gaps allowed)"
+                )
+            pool.check_room(slot, start + len(toks) - pool.lengths[slot])
+            if start < self._context_len[slot]:
+                self.rollback(rid, start)
+            slots.append(slot)
+        dev = self.device
+        token_slots = torch.tensor([s for s, t in zip(slots, tokens) for _ in t], dtype=torch.long, device=dev)
+        positions = torch.tensor(
+            [p + j for p, t in zip(start_positions, tokens) for j in range(len(t))], dtype=torch.long, device=dev
+        )
+        return slots, token_slots, positions, hidden.to(device=dev, dtype=self.dtype)
+
+    def _claim_draft(self, requests: list[DraftRequest], num_tokens: int) -> list[int]:
+        if not 1 <= num_tokens <= self.max_draft_tokens:
+            raise ValueError(f"{self.method} drafts 1..{self.max_draft_tokens} tokens per call, asked for {num_tokens}")
+        slots = []
+        for req in requests:
+            slot = self.slot(req.request_id)
+            if req.anchor_position != self._context_len[slot]:
+                raise ValueError(
+                    f"request {req.request_id!r}: anchor at position {req.anchor_position} but the drafter "
+                    f"holds {self._context_len[slot]} context tokens (append the accepted tokens first)"
+                )
+            slots.append(slot)
+        return slots

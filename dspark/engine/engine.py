@@ -1,0 +1,195 @@
+"""The engine: continuous batching around `SpecRunner`.
+
+Requests wait in a bounded queue, are admitted while KV slots, `max_num_seqs` and
+the per-step prefill budget allow, and leave as soon as they finish or are aborted.
+`step()` runs one target forward for every running request (verification) plus the
+newly admitted ones (prefill) and returns what each request emitted. The engine
+knows nothing of HTTP; it detokenizes only to honour stop strings.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from dspark.errors import UserError
+from dspark.runtime.kv_cache import ContextTooLong
+from dspark.runtime.target import Target
+from dspark.sampling import SamplingParams
+from dspark.schedule.policies import make_policy
+
+from .runner import SpecRunner
+from .sequence import Sequence, SpecStats, Status
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its configured bound; retry later."""
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 32
+    max_model_len: int = 2048
+    max_waiting: int = 1024
+    #: prompt tokens admitted per step (a long prompt alone is always admitted)
+    max_prefill_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len", "max_waiting", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass
+class StepOutput:
+    seq: Sequence
+    new_tokens: list[int]
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(self, target: Target, spec=None, config: EngineConfig | None = None, step_table=None) -> None:
+        from dspark.speculative import SpeculativeConfig, build_drafter
+
+        self.target = target
+        self.config = config or EngineConfig()
+        self.spec: SpeculativeConfig | None = spec
+        cache = target.new_cache(self.config.max_num_seqs, self.config.max_model_len)
+        drafter = None
+        if spec is not None and (spec.policy != "none"):
+            drafter = build_drafter(spec, target)
+            drafter.reserve(self.config.max_num_seqs, self.config.max_model_len + 1)
+        gamma = (spec.num_speculative_tokens or drafter.max_draft_tokens) if drafter else 0
+        policy_name = spec.policy if drafter else "none"
+        if policy_name in ("dspark-sync", "dspark-async") and step_table is None:
+            from .profiling import load_or_profile
+
+            step_table = load_or_profile(target, drafter, self.config.max_num_seqs, gamma)
+        policy = make_policy(policy_name, table=step_table, gamma=gamma,
+                             threshold=spec.confidence_threshold if spec else 0.5,
+                             lag=spec.async_lag if spec else 2)
+        self.runner = SpecRunner(target.model, cache, drafter, policy, gamma)
+        self.policy = policy
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = SpecStats()  # finished requests' counters, for metrics
+        self.num_finished = 0
+
+    # --- requests --------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: object | None = None) -> Sequence:
+        if not prompt_ids:
+            raise UserError("the prompt is empty")
+        if len(prompt_ids) >= self.config.max_model_len:
+            raise ContextTooLong(
+                f"the prompt has {len(prompt_ids)} tokens; the maximum model length is "
+                f"{self.config.max_model_len} (prompt + at least one output token)"
+            )
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFull(f"the waiting queue is full ({self.config.max_waiting} requests)")
+        seq = Sequence(list(prompt_ids), params)
+        if request_id is not None:
+            seq.request_id = request_id
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, request_id: object) -> bool:
+        for seq in list(self.waiting):
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                self._finish(seq, "abort")
+                return True
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self._finish(seq, "abort")
+                self.running.remove(seq)
+                return True
+        return False
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- stepping --------------------------------------------------------------
+    def _admit(self) -> list[Sequence]:
+        admitted: list[Sequence] = []
+        budget = self.config.max_prefill_tokens
+        while self.waiting and len(self.running) + len(admitted) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if admitted and len(seq.prompt_ids) > budget:
+                break
+            if self.runner.cache.num_free == 0:
+                break
+            self.waiting.popleft()
+            self.runner.add(seq)
+            seq.status = Status.RUNNING
+            budget -= len(seq.prompt_ids)
+            admitted.append(seq)
+        return admitted
+
+    def step(self) -> list[StepOutput]:
+        prefills = self._admit()
+        decodes = list(self.running)
+        if not prefills and not decodes:
+            return []
+        emitted = self.runner.step(prefills, decodes)
+        self.running.extend(prefills)
+        outputs = []
+        for seq in decodes + prefills:
+            new = self._append(seq, emitted[seq.request_id])
+            outputs.append(StepOutput(seq, new, seq.is_finished))
+        self.running = [s for s in self.running if not s.is_finished]
+        return outputs
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        p = seq.params
+        stop_ids = set(p.stop_token_ids)
+        if not p.ignore_eos:
+            stop_ids.update(self.target.tokenizer.eos_token_ids)
+        new: list[int] = []
+        for t in tokens:
+            if t in stop_ids:
+                self._finish(seq, "stop")
+                break
+            new.append(t)
+            seq.output_ids.append(t)
+            if len(seq.output_ids) >= p.max_tokens:
+                self._finish(seq, "length")
+                break
+            if seq.num_tokens >= self.config.max_model_len:
+                self._finish(seq, "length")
+                break
+        if not seq.is_finished and p.stop and any(s in self.final_text(seq, cut=False) for s in p.stop):
+            self._finish(seq, "stop")
+        return new
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.is_finished:
+            return
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        self.runner.release(seq)
+        self.stats.merge(seq.stats)
+        self.num_finished += 1
+
+    def final_text(self, seq: Sequence, cut: bool = True) -> str:
+        text = self.target.tokenizer.decode(seq.output_ids)
+        if cut and seq.params.stop:
+            hits = [text.find(s) for s in seq.params.stop if s and s in text]
+            if hits:
+                text = text[: min(hits)]
+        return text
+
+    # --- offline API -----------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
+        """Run prompts to completion (continuous batching); results in input order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while self.has_unfinished():
+            self.step()
+        return seqs
+
+    def total_stats(self) -> SpecStats:
+        total = SpecStats()
+        total.merge(self.stats)
+        for s in self.running:
+            total.merge(s.stats)
+        return total

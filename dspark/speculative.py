@@ -1,0 +1,130 @@
+"""Speculative-decoding configuration (vLLM's key names) and the one-prompt entry point.
+
+`SpeculativeConfig.from_dict` accepts what `--speculative-config` carries:
+`method` (dspark, dflash, eagle3, mtp, ngram), `model` (drafter checkpoint directory;
+omitted = the drafter shipped for the default target; "random" = a freshly
+initialised drafter, useful only for testing exactness), `num_speculative_tokens`,
+`enable_adaptive_verification` (true selects the dspark-async policy), and dspark's
+own keys `verification_policy`, `confidence_threshold`, `async_lag`,
+`prompt_lookup_max`, `prompt_lookup_min`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from dspark.errors import UserError
+
+METHODS = ("dspark", "dflash", "eagle3", "mtp", "ngram")
+POLICIES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
+SHIPPED_DIR = Path(__file__).parent / "drafters" / "shipped"
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str = "dspark"
+    model: str | None = None
+    num_speculative_tokens: int | None = None
+    enable_adaptive_verification: bool = False
+    verification_policy: str | None = None
+    confidence_threshold: float = 0.5
+    async_lag: int = 2
+    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise UserError(f"unknown speculative method {self.method!r}; choose one of {', '.join(METHODS)}")
+        n = self.num_speculative_tokens
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64):
+            raise UserError(f"num_speculative_tokens must be an integer in 1..64, got {n!r}")
+        if self.verification_policy is not None and self.verification_policy not in POLICIES:
+            raise UserError(f"unknown verification_policy {self.verification_policy!r}; choose one of {', '.join(POLICIES)}")
+        if not 0 < self.confidence_threshold < 1:
+            raise UserError(f"confidence_threshold must be in (0, 1), got {self.confidence_threshold!r}")
+        if self.method == "mtp" and n not in (None, 1):
+            raise UserError("mtp drafts exactly one token per round: num_speculative_tokens must be 1")
+        if self.policy in ("threshold", "dspark-sync", "dspark-async") and self.method not in ("dspark",):
+            raise UserError(
+                f"verification_policy {self.policy!r} needs confidence estimates, which only the dspark "
+                f"method has; use 'fixed' with {self.method!r}"
+            )
+
+    @property
+    def policy(self) -> str:
+        if self.verification_policy:
+            return self.verification_policy
+        return "dspark-async" if self.enable_adaptive_verification else "fixed"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpeculativeConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserError(f"unknown speculative-config keys {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+    def drafter_path(self, target_name: str) -> Path | None:
+        if self.method == "ngram" or self.model == "random":
+            return None
+        if self.model:
+            p = Path(self.model).expanduser()
+            if not p.is_dir():
+                raise UserError(f"drafter checkpoint {self.model!r} is not a directory")
+            return p
+        shipped = SHIPPED_DIR / self.method
+        if target_name != "default" or not (shipped / "config.json").is_file():
+            raise UserError(
+                f"no shipped {self.method} drafter for model {target_name!r}; pass \"model\": PATH to a "
+                f"trained drafter (see `dspark train`)"
+            )
+        return shipped
+
+
+def build_drafter(spec: SpeculativeConfig, target):
+    """The drafter a config names, placed on the target's device."""
+    from dspark.drafters import create_drafter, load_drafter
+
+    if spec.method == "ngram":
+        return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
+                              min_ngram=spec.prompt_lookup_min,
+                              max_draft_tokens=spec.num_speculative_tokens or 7)
+    path = spec.drafter_path(target.name)
+    if path is None:
+        sizes = {"block_size": spec.num_speculative_tokens + 1} if spec.num_speculative_tokens and spec.method in ("dspark", "dflash") else {}
+        return create_drafter(spec.method, target.model, seed=0, **sizes)
+    return load_drafter(path, target.model)
+
+
+def generate_speculative(
+    target,
+    prompt_ids: list[int],
+    params,
+    spec: SpeculativeConfig,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    max_len: int = 4096,
+):
+    """One prompt through the engine with speculation; returns a GenerationResult
+    whose `stats` carry the acceptance statistics."""
+    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.generate import GenerationResult, check_prompt
+
+    check_prompt(target, prompt_ids, max_len)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=max_len))
+    t0 = time.perf_counter()
+    seq = engine.add_request(prompt_ids, params)
+    first = 0.0
+    while not seq.is_finished:
+        for out in engine.step():
+            if out.new_tokens:
+                if not first:
+                    first = time.perf_counter() - t0
+                if on_tokens:
+                    on_tokens(out.new_tokens)
+    elapsed = time.perf_counter() - t0
+    stats = {"method": spec.method, "policy": spec.policy, **seq.stats.as_dict()}
+    return GenerationResult(seq.output_ids, engine.final_text(seq), seq.finish_reason or "length",
+                            len(prompt_ids), elapsed, first, stats)
