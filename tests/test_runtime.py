@@ -139,3 +139,19 @@ def test_default_model_matches_transformers(default_target_fp32):
     ref = _hf_logits(hf, ids)
     torch.testing.assert_close(ours, ref, atol=DEFAULT_ATOL, rtol=0)
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_uninitialised_cache_memory_never_leaks_into_attention(tiny_hf):
+    """Masked keys past a short request's length must not contribute, even when the
+    never-written cache memory holds NaN (0 * NaN = NaN in the attention matmul)."""
+    kind, path, _ = tiny_hf
+    model = load_transformer(path, torch.float32)
+    cache = KVCachePool(model.cfg, 3, 64, torch.float32)
+    for t in (*cache.k, *cache.v):
+        t.fill_(float("nan"))
+    prompts = [list(range(3, 8)), list(range(10, 40))]
+    slots = [cache.allocate(i) for i in range(2)]
+    together = _run(model, cache, prompts, [0, 0], slots)
+    for p, got in zip(prompts, together):
+        c = KVCachePool(model.cfg, 1, 64, torch.float32)
+        torch.testing.assert_close(got, _run(model, c, [p], [0], [c.allocate(0)])[0], atol=1e-5, rtol=0)

@@ -68,12 +68,16 @@ class BatchDecoder:
         self.target = target
         self.batch_size = batch_size
         self.max_len = max_len
-        self.num_forwards = 0
 
     @torch.inference_mode()
     def run(self, requests: Iterable[DecodeRequest]) -> Iterator[DecodeOutput]:
         """Decode every request; outputs come in the order requests finish."""
         cache = self.target.new_cache(self.batch_size, self.max_len)
+        # The pool is allocated uninitialised. A request's attention reads keys and
+        # values up to the longest context in the batch and masks the rest, but a
+        # masked NaN still poisons the weighted sum (0 * NaN), so start from zeros.
+        for t in (*cache.k, *cache.v):
+            t.zero_()
         pending = iter(requests)
         running: list[_Running] = []
         exhausted = False
@@ -104,7 +108,6 @@ class BatchDecoder:
                      min(req.params.max_tokens, self.max_len - len(req.prompt_ids)))
         batch = FlatBatch.from_requests([req.prompt_ids], [0], [r.slot], device=self.target.device)
         logits, _ = self.target.model(batch, cache)  # [1, vocab]
-        self.num_forwards += 1
         self._accept(r, self._sample([r], logits)[0])
         return r
 
@@ -116,7 +119,6 @@ class BatchDecoder:
             device=self.target.device,
         )
         logits, _ = self.target.model(batch, cache)  # [num_running, vocab]
-        self.num_forwards += 1
         for r, tok in zip(running, self._sample(running, logits)):
             self._accept(r, tok)
 

@@ -45,7 +45,6 @@ SOURCE_SPLITS: dict[str, tuple[str, str | None]] = {
     "humaneval": ("heldout", "code"),
     "mtbench": ("heldout", "chat"),
 }
-TRAIN_SOURCE_ORDER = ("gsm8k", "champ", "sharegpt")
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ def load_prompts(split: str = "train", domain: str | None = None) -> list[Prompt
     return [
         Prompt(f"{source}/{raw.key}", dom, source, [{"role": "user", "content": raw.text}],
                raw.follow_ups, dict(raw.meta))
-        for source, dom, raw in _catalog()[split]
+        for source, dom, raw in (_train_rows() if split == "train" else _heldout_rows())
         if domain is None or dom == domain
     ]
 
@@ -119,30 +118,34 @@ def stable_rank(prompt_id: str) -> str:
     return hashlib.sha256(prompt_id.encode()).hexdigest()
 
 
+Row = tuple[str, str, RawPrompt]  # (source, domain, raw prompt)
+
+
 @lru_cache(maxsize=1)
-def _catalog() -> dict[str, list[tuple[str, str, RawPrompt]]]:
-    """Both splits as (source, domain, raw) rows; built once per process."""
-    heldout: list[tuple[str, str, RawPrompt]] = []
-    train_candidates: list[tuple[str, str, RawPrompt]] = []
-    for i, raw in enumerate(READERS["gsm8k"]()):
-        (train_candidates if i < GSM8K_TRAIN_SIZE else heldout).append(("gsm8k", "math", raw))
+def _heldout_rows() -> list[Row]:
+    gsm8k = list(READERS["gsm8k"]())
+    rows: list[Row] = [("gsm8k", "math", raw) for raw in gsm8k[GSM8K_TRAIN_SIZE:]]
     for source in ("humaneval", "mtbench"):
-        heldout.extend((source, SOURCE_SPLITS[source][1], raw) for raw in READERS[source]())
-    for source in ("champ", "sharegpt"):
+        rows.extend((source, SOURCE_SPLITS[source][1], raw) for raw in READERS[source]())
+    return rows
+
+
+@lru_cache(maxsize=1)
+def _train_rows() -> list[Row]:
+    """Training rows: deduplicated and decontaminated against the held-out rows."""
+    candidates: list[Row] = [("gsm8k", "math", raw) for raw in list(READERS["gsm8k"]())[:GSM8K_TRAIN_SIZE]]
+    for source in ("champ", "sharegpt"):  # dedup keeps the first: gsm8k, then champ, then sharegpt
         if PACKAGES[source].optional and not is_available(source):
             continue
         fixed = SOURCE_SPLITS[source][1]
         for raw in READERS[source]():
-            dom = fixed or ("code" if looks_like_code(raw.text) else "chat")
-            train_candidates.append((source, dom, raw))
+            candidates.append((source, fixed or ("code" if looks_like_code(raw.text) else "chat"), raw))
 
-    eval_texts = [t for _, _, raw in heldout for t in (raw.text, *raw.follow_ups)]
-    contaminated = _Contamination(eval_texts)
+    contaminated = _Contamination([t for _, _, raw in _heldout_rows() for t in (raw.text, *raw.follow_ups)])
     seen_text: set[str] = set()
     seen_id: set[str] = set()
-    train: list[tuple[str, str, RawPrompt]] = []
-    order = {s: i for i, s in enumerate(TRAIN_SOURCE_ORDER)}
-    for source, dom, raw in sorted(train_candidates, key=lambda row: order[row[0]]):  # stable
+    train: list[Row] = []
+    for source, dom, raw in candidates:
         norm = normalize(raw.text)
         if norm in seen_text or contaminated(norm):
             continue
@@ -155,7 +158,7 @@ def _catalog() -> dict[str, list[tuple[str, str, RawPrompt]]]:
         if key != raw.key:
             raw = RawPrompt(key, raw.text, raw.follow_ups, raw.meta)
         train.append((source, dom, raw))
-    return {"train": train, "heldout": heldout}
+    return train
 
 
 class _Contamination:

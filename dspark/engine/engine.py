@@ -92,15 +92,20 @@ class LLMEngine:
         self.waiting.append(seq)
         return seq
 
-    def abort(self, request_id: object) -> bool:
+    def abort(self, request_id: object, error: str | None = None) -> bool:
+        """Finish a waiting or running request now and free its KV slot. With `error`
+        it finishes with reason "error" and `seq.error` set (a server-side fault)."""
+        reason = "abort" if error is None else "error"
         for seq in list(self.waiting):
             if seq.request_id == request_id:
                 self.waiting.remove(seq)
-                self._finish(seq, "abort")
+                seq.error = error
+                self._finish(seq, reason)
                 return True
         for seq in self.running:
             if seq.request_id == request_id:
-                self._finish(seq, "abort")
+                seq.error = error
+                self._finish(seq, reason)
                 self.running.remove(seq)
                 return True
         return False
@@ -130,8 +135,10 @@ class LLMEngine:
         decodes = list(self.running)
         if not prefills and not decodes:
             return []
-        emitted = self.runner.step(prefills, decodes)
+        # Admitted before the forward, so that after a failed step every request it
+        # touched is in `running` and can be aborted (freeing its slot).
         self.running.extend(prefills)
+        emitted = self.runner.step(prefills, decodes)
         outputs = []
         for seq in decodes + prefills:
             new = self._append(seq, emitted[seq.request_id])
@@ -182,8 +189,11 @@ class LLMEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
         """Run prompts to completion (continuous batching); results in input order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        while self.has_unfinished():
+        pending = list(zip(prompts, plist))[::-1]
+        seqs: list[Sequence] = []
+        while pending or self.has_unfinished():
+            while pending and len(self.waiting) < self.config.max_waiting:
+                seqs.append(self.add_request(*pending.pop()))
             self.step()
         return seqs
 

@@ -87,8 +87,9 @@ class SpecRunner:
         slots: list[int] = []
         logit_rows: list[int] = []
         row = 0
-        for s, L in zip(decodes, lengths):
-            toks = [s.anchor] + (draft_tokens[decodes.index(s)][:L].tolist() if L else [])
+        drafted = draft_tokens.tolist() if draft_tokens is not None else None
+        for i, (s, L) in enumerate(zip(decodes, lengths)):
+            toks = [s.anchor] + (drafted[i][:L] if L else [])
             tokens.append(toks)
             starts.append(s.num_cached)
             slots.append(s.slot)

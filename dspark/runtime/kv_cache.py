@@ -43,6 +43,8 @@ class KVCachePool:
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
         self.lengths = [0] * num_slots
+        # Positions below this are initialised in every slot (see `ensure_initialized`).
+        self.initialized_len = 0
         self._owner: dict[object, int] = {}
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
 
@@ -106,6 +108,22 @@ class KVCachePool:
         if length < 0 or length > self.lengths[slot]:
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
         self.lengths[slot] = length
+
+    def ensure_initialized(self, kv_len: int) -> None:
+        """Zero never-written cache memory below `kv_len`.
+
+        Attention reads keys/values up to the longest request of a batch and masks
+        the rest; a masked weight of exactly 0 still turns a NaN value from
+        uninitialised memory into NaN. Zeroing grows in chunks for every slot at
+        once, so it happens rarely and touches memory only as far as the longest
+        request has reached.
+        """
+        if kv_len <= self.initialized_len:
+            return
+        new = min(self.max_len, max(kv_len, 2 * self.initialized_len, 256))
+        for t in (*self.k, *self.v):
+            t[:, :, self.initialized_len : new].zero_()
+        self.initialized_len = new
 
     def check_room(self, slot: int, extra: int) -> None:
         if self.lengths[slot] + extra > self.max_len:

@@ -89,15 +89,15 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         n = x.shape[0]
         qkv = self.qkv_proj(self.input_layernorm(x))
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(n, cfg.num_heads, cfg.head_dim)
-        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
+        qk, v = qkv.split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
+        qk = qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
+        # One rotary application for queries and keys together (fewer kernels per step).
+        qk = qk * cos + rotate_half(qk) * sin
+        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         k_cache[layout.token_slots, :, layout.positions] = k
         v_cache[layout.token_slots, :, layout.positions] = v
         keys = layout.gather(k_cache)  # [R, kv_heads, L, head_dim]
@@ -216,6 +216,7 @@ class Transformer(nn.Module):
             cache.check_room(s, first + (b - a) - cache.lengths[s])
         self.ensure_rope(cache.max_len)
         layout = _AttnLayout(batch, self.device)
+        cache.ensure_initialized(layout.kv_len)
         x = self.embed_tokens(batch.input_ids)
         dtype = x.dtype
         cos = self.rope_cos[batch.positions].to(dtype).unsqueeze(1)

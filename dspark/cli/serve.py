@@ -1,0 +1,85 @@
+"""`dspark serve`: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from .common import add_model_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the model over an OpenAI-compatible HTTP API with speculative decoding",
+        description="Serve POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models, "
+                    "/health and /metrics (Prometheus) with continuous batching and lossless speculative "
+                    "decoding. Stops gracefully on SIGINT/SIGTERM.",
+    )
+    add_model_args(p)
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding as JSON with vLLM key names, e.g. \'{"method": "ngram"}\' or '
+                        '\'{"method": "dspark", "model": "DRAFTER_DIR", "enable_adaptive_verification": true}\'; '
+                        "'none' = no speculation. Default: the DSpark drafter shipped for the default model "
+                        "with adaptive verification; if none is shipped, the server warns and runs without "
+                        "speculation")
+    h = p.add_argument_group("HTTP")
+    h.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 for every interface (default: %(default)s)")
+    h.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    h.add_argument("--api-key", default=os.environ.get("DSPARK_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $DSPARK_API_KEY, else no key)")
+    h.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) clients may send in \"model\", all listed by /v1/models; the first "
+                        "labels the metrics (default: the model directory's name; SmolLM2-135M-Instruct "
+                        "for the default model)")
+    e = p.add_argument_group("scheduling")
+    e.add_argument("--max-num-seqs", type=int, default=32,
+                   help="requests decoded together in one batch; each holds one KV slot of --max-model-len "
+                        "tokens (default: %(default)s)")
+    e.add_argument("--max-waiting", type=int, default=1024,
+                   help="requests that may wait for a batch slot; beyond it the server answers 429 "
+                        "(default: %(default)s)")
+    e.add_argument("--max-prefill-tokens", type=int, default=2048,
+                   help="prompt tokens admitted per step, so that long prompts do not stall running "
+                        "requests (default: %(default)s)")
+    o = p.add_argument_group("operations")
+    o.add_argument("--log-interval", type=float, default=10.0,
+                   help="seconds between log lines with throughput, running/waiting requests and acceptance "
+                        "since the previous line; 0 = off (default: %(default)s)")
+    o.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: %(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dspark.engine.engine import EngineConfig
+    from dspark.serve import ServeConfig, create_app, run_server
+
+    from .generate import _parse_spec_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    text = args.speculative_config
+    if text is None:
+        spec = "default"
+    elif text.strip().lower() == "none":
+        spec = None
+    else:
+        spec = _parse_spec_config(text)
+    config = ServeConfig(
+        model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, speculative=spec,
+        engine=EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                            max_waiting=args.max_waiting, max_prefill_tokens=args.max_prefill_tokens),
+        host=args.host, port=args.port, api_key=args.api_key,
+        served_model_names=args.served_model_name or [], log_interval=args.log_interval,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    app = create_app(config)
+    state = app.state.dspark
+    logging.getLogger("dspark.serve").info(
+        "serving %s: max %d running and %d waiting requests of up to %d tokens, API key %s",
+        " / ".join(state.model.names), config.engine.max_num_seqs, config.engine.max_waiting,
+        config.engine.max_model_len, "required" if config.api_key else "not required")
+    run_server(app, config.host, config.port, config.shutdown_timeout)
+    return 0

@@ -1,0 +1,216 @@
+"""The OpenAI-compatible HTTP API.
+
+Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as
+server-sent events), GET /v1/models, /health and /metrics (Prometheus text).
+Handlers only validate, tokenize and relay: the engine runs in `AsyncEngine`'s
+thread. A client that disconnects has its request aborted, which frees its KV
+slot before the next step. Every error, including unknown routes, has OpenAI's
+`{"error": {...}}` shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dspark.engine.engine import LLMEngine, QueueFull
+from dspark.errors import USER_ERRORS
+
+from .async_engine import AsyncEngine, EngineUnavailable, RequestStream
+from .config import ServeConfig, build_engine, default_served_name
+from .metrics import ServingMetrics
+from .protocol import APIError, GenerationRequest, ModelContext, bad_request, parse_chat, parse_completion, \
+    parse_json_body
+from .responses import Reply, sse
+from .text import OutputText
+
+log = logging.getLogger("dspark.serve")
+
+#: how often a non-streamed request checks whether its client is still there
+DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class ServerState:
+    engine: LLMEngine
+    async_engine: AsyncEngine
+    metrics: ServingMetrics
+    model: ModelContext
+    api_key: str | None
+
+
+def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | None = None) -> FastAPI:
+    """The app for a built engine (with HTTP options from `config`) or for a
+    `ServeConfig` (the engine is built from it). The engine thread starts and stops
+    with the app's lifespan; `app.state.dspark` is the `ServerState`."""
+    if isinstance(engine_or_config, ServeConfig):
+        config = engine_or_config
+        engine = build_engine(config)
+    else:
+        engine = engine_or_config
+        config = config or ServeConfig(speculative=None)
+    target = engine.target
+    names = config.served_model_names or [default_served_name(target)]
+    metrics = ServingMetrics(names[0])
+    state = ServerState(
+        engine=engine,
+        async_engine=AsyncEngine(engine, metrics, config.log_interval),
+        metrics=metrics,
+        model=ModelContext(names, target.tokenizer, engine.config.max_model_len, target.cfg.vocab_size),
+        api_key=config.api_key,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.async_engine.start()
+        yield
+        await asyncio.to_thread(state.async_engine.shutdown)
+
+    app = FastAPI(title="dspark", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.dspark = state
+    _add_error_handlers(app)
+
+    async def require_api_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+            raise APIError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
+                           "authentication_error", None, "invalid_api_key")
+
+    auth = [Depends(require_api_key)]
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(request: Request):
+        return await _generate(request, state, parse_chat, chat=True)
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(request: Request):
+        return await _generate(request, state, parse_completion, chat=False)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict:
+        created = Reply(chat=False, model=names[0]).created
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "dspark",
+             "root": str(target.path), "max_model_len": engine.config.max_model_len} for name in names]}
+
+    @app.get("/health")
+    async def health():
+        if not state.async_engine.alive:
+            raise APIError(503, "the engine is not running", "service_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if e.status in (429, 503) else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        if e.status_code == 404:
+            err = APIError(404, f"Invalid URL ({request.method} {request.url.path})", code="unknown_url")
+        elif e.status_code == 405:
+            err = APIError(405, f"method {request.method} is not allowed on {request.url.path}",
+                           code="method_not_allowed")
+        else:
+            err = APIError(e.status_code, str(e.detail))
+        return JSONResponse(err.body(), status_code=err.status, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        err = APIError(500, f"internal server error: {type(e).__name__}", "server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+
+async def _generate(request: Request, state: ServerState,
+                    parse: Callable[[dict, ModelContext], GenerationRequest], chat: bool):
+    req = parse(parse_json_body(await request.body()), state.model)
+    reply = Reply(chat=chat, model=req.model, include_usage=req.include_usage)
+    stream = RequestStream(reply.id, req.prompt_ids, req.params, asyncio.get_running_loop())
+    try:
+        state.async_engine.submit(stream)
+        await stream.accepted
+    except asyncio.CancelledError:
+        state.async_engine.abort(stream.request_id)
+        raise
+    except QueueFull as e:
+        raise APIError(429, f"{e}; retry later", "rate_limit_error", None, "queue_full") from None
+    except EngineUnavailable as e:
+        raise APIError(503, str(e), "service_unavailable") from None
+    except USER_ERRORS as e:
+        raise bad_request(str(e)) from None
+    if req.stream:
+        return StreamingResponse(_stream(state, stream, req, reply), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _whole(request, state, stream, req, reply)
+
+
+async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequest,
+                  reply: Reply) -> AsyncIterator[str]:
+    text = OutputText(state.model.tokenizer, req.params.stop)
+    num_out = 0
+    try:
+        if reply.chat:
+            yield sse(reply.chunk("", role=True))
+        async for out in stream:
+            if out.error is not None:
+                yield sse(APIError(500, out.error, "server_error").body())
+                break
+            num_out += len(out.token_ids)
+            delta = text.push(out.token_ids, out.finished)
+            if out.finished:
+                yield sse(reply.chunk(delta, "stop" if text.hit_stop else out.finish_reason))
+                if reply.include_usage:
+                    yield sse(reply.usage_chunk(len(req.prompt_ids), num_out))
+            elif delta:
+                yield sse(reply.chunk(delta))
+        yield sse("[DONE]")
+    finally:  # also on cancellation: the client went away
+        if not stream.finished:
+            state.async_engine.abort(stream.request_id)
+
+
+async def _whole(request: Request, state: ServerState, stream: RequestStream, req: GenerationRequest,
+                 reply: Reply) -> JSONResponse:
+    text = OutputText(state.model.tokenizer, req.params.stop)
+    num_out = 0
+    loop = asyncio.get_running_loop()
+    checked = loop.time()
+    try:
+        while True:
+            out = await stream.get(DISCONNECT_POLL_S)
+            if loop.time() - checked >= DISCONNECT_POLL_S:
+                checked = loop.time()
+                if await request.is_disconnected():
+                    return JSONResponse({}, status_code=499)  # nobody reads it
+            if out is None:
+                continue
+            num_out += len(out.token_ids)
+            text.push(out.token_ids, out.finished)
+            if out.finished:
+                break
+    finally:
+        if not stream.finished:
+            state.async_engine.abort(stream.request_id)
+    if out.error is not None:
+        raise APIError(500, out.error, "server_error")
+    reason = "stop" if text.hit_stop else out.finish_reason
+    return JSONResponse(reply.full(text.text, reason, len(req.prompt_ids), num_out))

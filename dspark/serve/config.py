@@ -1,0 +1,83 @@
+"""What `dspark serve` is configured with, and the engine built from it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.errors import UserError
+from dspark.runtime.default_model import DEFAULT_MODEL_NAME
+from dspark.speculative import SpeculativeConfig
+
+log = logging.getLogger("dspark.serve")
+
+#: `speculative="default"`: the DSpark drafter shipped for the default target, with
+#: adaptive verification; without one, the server runs without speculation.
+DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True}
+
+
+@dataclass
+class ServeConfig:
+    # target
+    model: str = "default"
+    dtype: str = "auto"
+    device: str | None = None
+    threads: int | None = None
+    #: a config, None for no speculation, or "default" (see DEFAULT_SPECULATIVE)
+    speculative: SpeculativeConfig | str | None = "default"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    #: names clients may use in "model"; the first is the one /v1/models reports
+    served_model_names: list[str] = field(default_factory=list)
+    #: seconds between periodic log lines; 0 turns them off
+    log_interval: float = 10.0
+    #: seconds in-flight requests get to finish after SIGINT/SIGTERM
+    shutdown_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.speculative, str) and self.speculative != "default":
+            raise UserError(f"speculative must be a SpeculativeConfig, None or 'default', got {self.speculative!r}")
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"--port must be in 0..65535, got {self.port}")
+        if self.log_interval < 0:
+            raise UserError(f"--log-interval must be >= 0 seconds, got {self.log_interval}")
+        if self.shutdown_timeout < 0:
+            raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
+        if self.api_key == "":
+            raise UserError("--api-key must not be empty")
+        if any(not n for n in self.served_model_names):
+            raise UserError("--served-model-name must not be empty")
+
+
+def default_served_name(target) -> str:
+    return DEFAULT_MODEL_NAME if target.name == "default" else target.name
+
+
+def resolve_speculative(spec: SpeculativeConfig | str | None, target) -> SpeculativeConfig | None:
+    """The config to build the engine with; "default" falls back to no speculation,
+    with a warning, when no drafter is shipped for this target."""
+    if spec != "default":
+        return spec
+    default = SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE)
+    try:
+        default.drafter_path(target.name)
+    except UserError as e:
+        log.warning("serving WITHOUT speculative decoding: %s. Choose a drafter with --speculative-config "
+                    "(e.g. '{\"method\": \"ngram\"}'), or pass 'none' to silence this warning.", e)
+        return None
+    return default
+
+
+def build_engine(config: ServeConfig) -> LLMEngine:
+    from dspark.runtime.target import Target
+
+    target = Target.load(config.model, dtype=config.dtype, device=config.device,
+                         max_len=config.engine.max_model_len, threads=config.threads)
+    spec = resolve_speculative(config.speculative, target)
+    log.info("speculative decoding: %s", "off" if spec is None else
+             f"{spec.method} (policy {spec.policy}, drafter {spec.model or 'shipped'})")
+    return LLMEngine(target, spec, config.engine)

@@ -1,0 +1,161 @@
+"""The server's metrics: Prometheus families named like vLLM's (prefix `dspark:`) and
+the periodic log line.
+
+Everything here is fed by the engine thread, once per step, so counters move as
+tokens are accepted rather than when requests finish; `/metrics` only reads.
+Speculation counters count verification rounds that drafted at least one token
+("drafts"), the draft tokens they verified, and the draft tokens the target
+accepted, also per draft position (0-based, as vLLM labels them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from dspark.engine.sequence import SpecStats
+
+from .prometheus import Counter, Gauge, Histogram, render
+
+PREFIX = "dspark:"
+FINISH_REASONS = ("stop", "length", "abort")
+
+# Bucket bounds in seconds, wide enough for a CPU (slow) and a GPU (fast).
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 320)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 240, 480, 960, 1920, 3840)
+
+
+def stats_delta(now: SpecStats, before: SpecStats) -> SpecStats:
+    """`now - before` for two snapshots of monotonically growing counters."""
+    d = SpecStats(rounds=now.rounds - before.rounds, draft_tokens=now.draft_tokens - before.draft_tokens,
+                  accepted_tokens=now.accepted_tokens - before.accepted_tokens)
+    for k in range(len(now.drafted_per_position)):
+        had = k < len(before.drafted_per_position)
+        d.drafted_per_position.append(now.drafted_per_position[k] - (before.drafted_per_position[k] if had else 0))
+        d.accepted_per_position.append(now.accepted_per_position[k] - (before.accepted_per_position[k] if had else 0))
+    return d
+
+
+class ServingMetrics:
+    def __init__(self, model_name: str) -> None:
+        c = {"model_name": model_name}
+        p = PREFIX
+        self.prompt_tokens = Counter(p + "prompt_tokens_total", "Prompt tokens prefilled.", const_labels=c)
+        self.generation_tokens = Counter(p + "generation_tokens_total", "Tokens generated (emitted to requests).",
+                                         const_labels=c)
+        self.request_success = Counter(p + "request_success_total", "Requests finished, by finish reason.",
+                                       ("finished_reason",), c)
+        self.request_error = Counter(p + "request_error_total",
+                                     "Accepted requests that ended with a server-side error.", const_labels=c)
+        self.num_drafts = Counter(p + "spec_decode_num_drafts_total",
+                                  "Verification rounds that drafted at least one token.", const_labels=c)
+        self.num_draft_tokens = Counter(p + "spec_decode_num_draft_tokens_total",
+                                        "Draft tokens sent to the target for verification.", const_labels=c)
+        self.num_accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens_total",
+                                           "Draft tokens accepted by the target.", const_labels=c)
+        self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos_total",
+                                        "Draft tokens accepted, by draft position (0-based).", ("position",), c)
+        self.ttft = Histogram(p + "time_to_first_token_seconds",
+                              "Seconds from request arrival to its first token.", TTFT_BUCKETS, c)
+        self.itl = Histogram(p + "inter_token_latency_seconds",
+                             "Seconds between consecutive tokens of a request; a step that emits k tokens "
+                             "after an interval d counts k observations of d/k.", ITL_BUCKETS, c)
+        self.e2e = Histogram(p + "e2e_request_latency_seconds",
+                             "Seconds from request arrival to its end.", E2E_BUCKETS, c)
+        self.running = Gauge(p + "num_requests_running", "Requests in the running batch.", const_labels=c)
+        self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting to be admitted.", const_labels=c)
+        self.kv_usage = Gauge(p + "kv_cache_usage_perc",
+                              "Fraction of per-request KV slots in use (1 = full).", const_labels=c)
+        for reason in FINISH_REASONS:
+            self.request_success.inc(0, finished_reason=reason)
+        self._families = [self.prompt_tokens, self.generation_tokens, self.request_success, self.request_error,
+                          self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.accepted_per_pos,
+                          self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage]
+        self.window = LogWindow()
+
+    # --- fed by the engine thread -------------------------------------------------
+    def on_prefill(self, num_prompt_tokens: int) -> None:
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.window.add(prompt_tokens=num_prompt_tokens)
+
+    def on_tokens(self, num_tokens: int, ttft: float | None, interval: float | None) -> None:
+        """`num_tokens` emitted to one request; `ttft` for its first, else the
+        `interval` since its previous emission."""
+        if num_tokens <= 0:
+            return
+        self.generation_tokens.inc(num_tokens)
+        self.window.add(generation_tokens=num_tokens)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if num_tokens > 1:  # the tokens after the first came in the same step
+                self.itl.observe(0.0, num_tokens - 1)
+        elif interval is not None:
+            self.itl.observe(interval / num_tokens, num_tokens)
+
+    def on_spec(self, delta: SpecStats) -> None:
+        if delta.rounds == 0 and delta.draft_tokens == 0:
+            return
+        self.num_drafts.inc(delta.rounds)
+        self.num_draft_tokens.inc(delta.draft_tokens)
+        self.num_accepted_tokens.inc(delta.accepted_tokens)
+        for k, n in enumerate(delta.accepted_per_position):
+            self.accepted_per_pos.inc(n, position=k)
+        self.window.add_spec(delta)
+
+    def on_finished(self, reason: str, e2e: float) -> None:
+        if reason == "error":
+            self.request_error.inc()
+        else:
+            self.request_success.inc(finished_reason=reason)
+        self.e2e.observe(e2e)
+
+    def set_load(self, running: int, waiting: int, kv_usage: float) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+
+    def render(self) -> str:
+        return render(self._families)
+
+
+class LogWindow:
+    """What happened since the last periodic log line."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset(time.monotonic())
+
+    def _reset(self, now: float) -> None:
+        self.start = now
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.spec = SpecStats()
+
+    def add(self, prompt_tokens: int = 0, generation_tokens: int = 0) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt_tokens
+            self.generation_tokens += generation_tokens
+
+    def add_spec(self, delta: SpecStats) -> None:
+        with self._lock:
+            self.spec.merge(delta)
+
+    def line(self, running: int, waiting: int, now: float | None = None) -> str | None:
+        """The log line for the window ending now, and a fresh window; None when
+        nothing happened and nothing is queued (an idle server stays quiet)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            idle = not (self.prompt_tokens or self.generation_tokens or running or waiting)
+            elapsed = max(now - self.start, 1e-9)
+            text = (f"prompt throughput {self.prompt_tokens / elapsed:.1f} tok/s, "
+                    f"generation throughput {self.generation_tokens / elapsed:.1f} tok/s, "
+                    f"running {running}, waiting {waiting}")
+            s = self.spec
+            if s.rounds:
+                per_pos = ", ".join(f"{a:.3f}" for a in s.per_position_acceptance)
+                text += (f"; speculative: mean acceptance length {s.acceptance_length:.2f}, "
+                         f"accepted {s.accepted_tokens}/{s.draft_tokens} draft tokens in {s.rounds} drafts, "
+                         f"per-position acceptance [{per_pos}]")
+            self._reset(now)
+        return None if idle else text

@@ -1,0 +1,69 @@
+"""Running the app under uvicorn: in the foreground (the CLI) or on a thread.
+
+Shutdown on SIGINT/SIGTERM is uvicorn's: stop accepting connections, give
+in-flight requests `shutdown_timeout` seconds, then end the lifespan, which fails
+whatever is left with an explicit error and stops the engine thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import uvicorn
+from fastapi import FastAPI
+
+
+def run_server(app: FastAPI, host: str, port: int, shutdown_timeout: float = 30.0) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
+                            timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+    uvicorn.Server(config).run()
+
+
+class ServerThread:
+    """The app on 127.0.0.1 (a free port by default) in a background thread, for
+    tests and in-process clients:
+
+        with ServerThread(create_app(engine)) as server:
+            httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0) -> None:
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.startup_timeout = startup_timeout
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="dspark-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "ServerThread":
+        self.thread.start()
+        self.thread.join(0)
+        waited = 0.0
+        while not self.server.started:
+            if not self.thread.is_alive() or waited > self.startup_timeout:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            self.thread.join(0.05)
+            waited += 0.05
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

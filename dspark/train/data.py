@@ -1,0 +1,116 @@
+"""Training sequences from regenerated-response files, anchor sampling and the batch
+plan shared by every method.
+
+A sequence is `prompt_token_ids + response_token_ids` (+ the end-of-turn token when
+the reply stopped by itself, so drafters learn to propose it). Anchors are sampled
+in the response: anchor position a (a token the target has emitted) drafts tokens
+a+1..a+γ from the target context 0..a-1, exactly as in decoding, where the anchor is
+the last emitted token and its own target hidden state is not known yet.
+
+Everything random here is a pure function of (seed, epoch, sequence index), never of
+the rank, so a global batch is the same whether one process or many compute it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark.data.records import read_records
+from dspark.errors import UserError
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    id: str
+    domain: str
+    tokens: list[int]
+    prompt_len: int
+
+    @property
+    def num_anchor_positions(self) -> int:
+        """Anchors a in [prompt_len, len - 2]: each has at least one label."""
+        return max(0, len(self.tokens) - 1 - self.prompt_len)
+
+
+def load_sequences(paths: list[str | Path], eos_token_id: int | None, max_len: int) -> list[TrainSequence]:
+    """Records of every file, in file order; sequences are cut at `max_len` tokens and
+    those without a response token to predict are dropped."""
+    out: list[TrainSequence] = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"training data {str(p)!r} not found; create it with `dspark data generate --out {p}`")
+        for rec in read_records(p):
+            try:
+                prompt = list(rec["prompt_token_ids"])
+                response = list(rec["response_token_ids"])
+            except KeyError as e:
+                raise UserError(f"{p}: record {rec.get('id')!r} lacks {e.args[0]!r}; is this a `dspark data generate` file?") from None
+            if rec.get("finish_reason") == "stop":
+                stop = rec.get("stop_token_id")
+                stop = eos_token_id if stop is None else stop
+                if stop is not None:
+                    response.append(int(stop))
+            tokens = (prompt + response)[:max_len]
+            seq = TrainSequence(str(rec.get("id", f"{p.name}/{len(out)}")), str(rec.get("domain", "")), tokens, len(prompt))
+            if seq.num_anchor_positions > 0:
+                out.append(seq)
+    if not out:
+        raise UserError(f"no usable training sequences in {', '.join(map(str, paths))} (every response is empty "
+                        f"or its prompt is longer than --max-seq-len {max_len})")
+    return out
+
+
+def sequences_digest(seqs: list[TrainSequence]) -> str:
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(f"{s.prompt_len}:{','.join(map(str, s.tokens))};".encode())
+    return h.hexdigest()[:16]
+
+
+def _generator(seed: int, *keys: int) -> torch.Generator:
+    digest = hashlib.sha256("/".join(map(str, (seed, *keys))).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def sample_anchors(seq: TrainSequence, num: int, seed: int, epoch: int, index: int) -> list[int]:
+    """Up to `num` distinct anchor positions of `seq`, sorted."""
+    n = seq.num_anchor_positions
+    pick = torch.randperm(n, generator=_generator(seed, epoch, index))[: min(num, n)]
+    return sorted(seq.prompt_len + int(i) for i in pick)
+
+
+def epoch_order(num_sequences: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(num_sequences, generator=_generator(seed, epoch, -1)).tolist()
+
+
+@dataclass
+class BatchPlan:
+    """Global batches of `batch_size` sequences per step; rank r of w takes every w-th."""
+
+    num_sequences: int
+    batch_size: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.batch_size % self.world_size:
+            raise UserError(f"--batch-size {self.batch_size} must be a multiple of the {self.world_size} processes")
+        if self.num_sequences < self.batch_size:
+            raise UserError(f"{self.num_sequences} training sequences are fewer than --batch-size {self.batch_size}")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_sequences // self.batch_size  # the incomplete last batch is dropped
+
+    def local_batch(self, step: int) -> tuple[int, list[int]]:
+        """(epoch, this rank's sequence indices) of global step `step` (from 0)."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        order = epoch_order(self.num_sequences, self.seed, epoch)
+        batch = order[i * self.batch_size : (i + 1) * self.batch_size]
+        return epoch, batch[self.rank :: self.world_size]

@@ -1,0 +1,352 @@
+"""The training loop: one recipe for DSpark, DFlash, Eagle3 and MTP-1.
+
+Per optimizer step: take the step's global batch of sequences (this rank's share),
+sample anchors, let the frozen target teach (hidden states + distributions at the
+drafted positions), run the method's teacher-forced forward (`objectives`), and
+minimise the weighted distillation loss (`losses`) with AdamW, linear warmup then
+cosine decay, gradient clipping, and bf16 autocast where it is fast.
+
+Data parallelism: launched by `torchrun`, every process holds the drafter and the
+target, computes its share of the global batch, and DistributedDataParallel averages
+gradients (gloo on CPU, nccl on CUDA). The loss is normalised by the position weight
+summed over all processes, so one process and N processes with the same global batch
+take the same step.
+
+`DIR` receives `train_log.jsonl`, checkpoints `checkpoints/step-N/` (a drafter
+checkpoint plus `trainer_state.safetensors/json` with fp32 master weights and AdamW
+moments; `--resume` continues from the newest) and the final drafter in `DIR` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dspark.drafters import create_drafter, save_drafter
+from dspark.drafters.factory import build_drafter
+from dspark.errors import UserError
+from dspark.runtime.loader import cpu_has_bf16
+from dspark.runtime.target import Target
+
+from .config import TrainConfig
+from .data import BatchPlan, load_sequences, sample_anchors
+from .losses import expected_acceptance_length, per_position_means, position_terms, position_weights, weighted_sums
+from .objectives import AnchorBatch, draft_forward
+from .teacher import CachedTeacher, OnTheFlyTeacher
+
+KEEP_CHECKPOINTS = 2
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> "DistInfo":
+        """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        if not torch_dist.is_initialized():
+            torch_dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        return cls(torch_dist.get_rank(), world)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            torch_dist.all_reduce(t)
+        return t
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            torch_dist.barrier()
+
+
+def device_for(dist: DistInfo) -> str:
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', dist.rank))}"
+    return "cpu"
+
+
+class _DraftModule(nn.Module):
+    """The drafter with its teacher-forced forward as `forward`, so DDP can wrap it."""
+
+    def __init__(self, drafter: nn.Module) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, batch: AnchorBatch, hidden: torch.Tensor):
+        return draft_forward(self.drafter, batch, hidden)
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    steps: int
+    wall_s: float
+    last_log: dict = field(default_factory=dict)
+    num_sequences: int = 0
+    num_tokens: int = 0
+
+
+def num_positions(drafter, config: TrainConfig) -> int:
+    """γ: drafted positions trained per anchor."""
+    if drafter.method == "mtp":
+        return 1
+    if drafter.method == "eagle3":
+        return min(config.ttt_steps, drafter.max_draft_tokens)
+    return drafter.max_draft_tokens
+
+
+def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
+    if precision == "fp32":
+        return None
+    if precision == "bf16" or device.startswith("cuda") or cpu_has_bf16():
+        return torch.bfloat16
+    return None
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, target: Target, dist: DistInfo | None = None,
+                 model_name: str = "default") -> None:
+        self.config = config
+        self.target = target
+        self.dist = dist or DistInfo()
+        self.model_name = model_name
+        self.out = Path(config.out)
+        self.device = str(target.device)
+        target.model.requires_grad_(False)
+        eos = target.tokenizer.eos_token_ids[0] if target.tokenizer is not None and target.tokenizer.eos_token_ids else None
+        self.seqs = load_sequences(config.data, eos, min(config.max_seq_len, target.model._rope_len))
+        self.plan = BatchPlan(len(self.seqs), config.batch_size, config.seed, self.dist.rank, self.dist.world_size)
+        self.total_steps = config.max_steps or max(1, math.ceil(config.epochs * self.plan.steps_per_epoch))
+        try:
+            self.drafter = create_drafter(config.method, target, seed=config.seed, dtype=torch.float32,
+                                          **config.drafter_sizes()).train()
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        self.gamma = num_positions(self.drafter, config)
+        self.autocast = autocast_dtype(config.precision, self.device)
+        decay = [p for p in self.drafter.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.drafter.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+        self.warmup = config.warmup_steps if config.warmup_steps is not None else max(1, round(0.04 * self.total_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
+        self.step = 0
+        if config.resume:
+            self._resume()
+        self.teacher = self._make_teacher()
+        module = _DraftModule(self.drafter)
+        if self.dist.world_size > 1:
+            ids = [int(self.device.split(":")[1])] if self.device.startswith("cuda") else None
+            module = nn.parallel.DistributedDataParallel(module, device_ids=ids)
+        self.module = module
+
+    # --- schedule ------------------------------------------------------------------
+    def lr_factor(self, step: int) -> float:
+        """Linear warmup to 1, then cosine decay to `min_lr_ratio` at the last step."""
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        span = max(1, self.total_steps - self.warmup)
+        t = min(1.0, (step - self.warmup) / span)
+        lo = self.config.min_lr_ratio
+        return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * t))
+
+    # --- pieces ----------------------------------------------------------------------
+    def _make_teacher(self):
+        cfg = self.config
+        layers = list(self.drafter.target_layer_ids)
+        if cfg.feature_cache is None:
+            return OnTheFlyTeacher(self.target.model, layers, self.seqs)
+        # One process builds the cache, the others wait and read it.
+        if self.dist.is_main:
+            teacher = CachedTeacher(self.target.model, layers, self.seqs, cfg.feature_cache, self.model_name,
+                                    progress=cfg.progress)
+        self.dist.barrier()
+        if not self.dist.is_main:
+            teacher = CachedTeacher(self.target.model, layers, self.seqs, cfg.feature_cache, self.model_name,
+                                    build=False)
+        return teacher
+
+    def _anchor_batch(self, step: int) -> tuple[list[int], AnchorBatch]:
+        epoch, local = self.plan.local_batch(step)
+        seqs = [self.seqs[i] for i in local]
+        anchors = [sample_anchors(s, self.config.blocks_per_seq, self.config.seed, epoch, i) for s, i in zip(seqs, local)]
+        return local, AnchorBatch.build([s.tokens for s in seqs], anchors, self.gamma, self.device)
+
+    def train_step(self, step: int) -> dict[str, torch.Tensor]:
+        """One optimizer step; returns detached sums for logging."""
+        local, batch = self._anchor_batch(step)
+        hidden, p_logits = self.teacher.teach(local, batch.target_rows())
+        labels, k = batch.labels(), batch.positions()
+        weights = position_weights(k, self.drafter.method)
+        with torch.autocast(self.device.split(":")[0], dtype=self.autocast or torch.float32,
+                            enabled=self.autocast is not None):
+            drafted = self.module(batch, hidden)
+        terms = position_terms(drafted.logits, p_logits, labels, drafted.conf_logits)
+        sums = weighted_sums(terms, weights)
+        denom = self.dist.all_reduce(weights.sum().detach().double()).float()
+        # DDP averages gradients over processes; scaling by the world size makes the
+        # result the gradient of (global weighted sum) / (global weight).
+        loss = sums["loss"] * self.dist.world_size / denom.clamp(min=1e-12)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        acc_sum, acc_n = per_position_means(terms.accept, k, self.gamma)
+        out = {name: v.detach().double() for name, v in sums.items()}
+        out["loss"] = out["loss"].detach()
+        out.update(weight=weights.sum().double(), accept_sum=acc_sum, accept_n=acc_n,
+                   grad_norm=grad_norm.detach().double())
+        return out
+
+    def run(self) -> TrainResult:
+        from tqdm import tqdm
+
+        cfg = self.config
+        if self.dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        log_path = self.out / "train_log.jsonl"
+        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
+                   disable=not (cfg.progress and self.dist.is_main), dynamic_ncols=True)
+        t0 = time.perf_counter()
+        acc: dict[str, torch.Tensor] = {}
+        last: dict = {}
+        tokens_seen = 0
+        while self.step < self.total_steps:
+            stats = self.train_step(self.step)
+            self.step += 1
+            for name, v in stats.items():
+                acc[name] = acc[name] + v if name in acc else v.clone()
+            tokens_seen += int(stats["accept_n"].sum())
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                last = self._log(acc, log_path, time.perf_counter() - t0)
+                acc = {}
+                bar.set_postfix_str(f"loss {last['loss']:.3f} tau {last['expected_tau']:.2f}", refresh=False)
+            bar.update(1)
+            if self.step % cfg.save_every == 0 and self.step < self.total_steps:
+                self.save_checkpoint()
+            if self._out_of_time(t0):
+                if acc:
+                    last = self._log(acc, log_path, time.perf_counter() - t0)
+                break
+        bar.close()
+        self.save_checkpoint()
+        if self.dist.is_main:
+            self.save_drafter(self.out)
+        self.dist.barrier()
+        return TrainResult(self.out, self.step, time.perf_counter() - t0, last, len(self.seqs),
+                           sum(len(s.tokens) for s in self.seqs))
+
+    def _out_of_time(self, t0: float) -> bool:
+        """Whether --time-limit-min has passed (decided by rank 0, so all ranks stop together)."""
+        if self.config.time_limit_min is None:
+            return False
+        over = torch.tensor([float(time.perf_counter() - t0 > 60 * self.config.time_limit_min)])
+        if self.dist.world_size > 1:
+            torch_dist.broadcast(over, src=0)
+        return bool(over.item())
+
+    def _log(self, acc: dict[str, torch.Tensor], path: Path, elapsed: float) -> dict:
+        names = sorted(acc)
+        flat = torch.cat([acc[n].reshape(-1) for n in names])
+        flat = self.dist.all_reduce(flat)
+        vals, i = {}, 0
+        for n in names:
+            size = acc[n].numel()
+            vals[n] = flat[i : i + size]
+            i += size
+        w = float(vals["weight"].sum())
+        rates = (vals["accept_sum"] / vals["accept_n"].clamp(min=1)).tolist()
+        rates = [r if c > 0 else float("nan") for r, c in zip(rates, vals["accept_n"].tolist())]
+        rec = {"step": self.step, "lr": self.scheduler.get_last_lr()[0],
+               "loss": float(vals["loss"]) / w, "ce": float(vals["ce"]) / w, "l1": float(vals["l1"]) / w}
+        if "bce" in vals:
+            rec["bce"] = float(vals["bce"]) / w
+        rec["grad_norm"] = float(vals["grad_norm"]) / self.dist.world_size / max(1, self.config.log_every)
+        rec.update({f"accept_rate@{k + 1}": round(r, 4) for k, r in enumerate(rates)})
+        rec["expected_tau"] = expected_acceptance_length(rates)
+        rec["positions"] = int(vals["accept_n"].sum())
+        rec["elapsed_s"] = round(elapsed, 1)
+        if self.dist.is_main:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        return rec
+
+    # --- checkpoints -----------------------------------------------------------------
+    def save_drafter(self, path: Path) -> Path:
+        """The drafter in `save_dtype` as a checkpoint directory (the DESIGN format)."""
+        dtype = torch.bfloat16 if self.config.save_dtype == "bf16" else torch.float32
+        with torch.device("meta"):
+            shadow = build_drafter(self.drafter.config, self.drafter.target)
+        state = {k: v.detach().to("cpu", dtype).clone() for k, v in self.drafter.state_dict().items()}
+        shadow.load_state_dict(state, assign=True)
+        return save_drafter(shadow, path)
+
+    def save_checkpoint(self) -> None:
+        if not self.dist.is_main:
+            return
+        ckpt = self.out / "checkpoints" / f"step-{self.step}"
+        self.save_drafter(ckpt)
+        tensors: dict[str, torch.Tensor] = {}
+        names = {p: n for n, p in self.drafter.named_parameters()}
+        for n, p in self.drafter.named_parameters():
+            tensors[f"master.{n}"] = p.detach().float().cpu().contiguous()
+        steps = {}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                st = self.optimizer.state.get(p)
+                if st:
+                    tensors[f"exp_avg.{names[p]}"] = st["exp_avg"].cpu().contiguous()
+                    tensors[f"exp_avg_sq.{names[p]}"] = st["exp_avg_sq"].cpu().contiguous()
+                    steps[names[p]] = float(st["step"])
+        save_file(tensors, str(ckpt / "trainer_state.safetensors"))
+        (ckpt / "trainer_state.json").write_text(json.dumps(
+            {"step": self.step, "total_steps": self.total_steps, "adam_steps": steps,
+             "config": self.config.to_dict()}, indent=2) + "\n")
+        old = sorted((self.out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+        for p in old[:-KEEP_CHECKPOINTS]:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def _resume(self) -> None:
+        ckpts = sorted((self.out / "checkpoints").glob("step-*/trainer_state.json"),
+                       key=lambda p: int(p.parent.name.split("-")[1]))
+        if not ckpts:
+            raise UserError(f"--resume: no checkpoint under {self.out / 'checkpoints'}; start without --resume")
+        meta = json.loads(ckpts[-1].read_text())
+        tensors = load_file(str(ckpts[-1].parent / "trainer_state.safetensors"))
+        params = dict(self.drafter.named_parameters())
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(tensors[f"master.{n}"])
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                n = next(k for k, v in params.items() if v is p)
+                if f"exp_avg.{n}" in tensors:
+                    self.optimizer.state[p] = {
+                        "step": torch.tensor(meta["adam_steps"][n]),
+                        "exp_avg": tensors[f"exp_avg.{n}"].to(p.device),
+                        "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].to(p.device),
+                    }
+        self.step = int(meta["step"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.lr_factor(self.step)
+        self.scheduler.last_epoch = self.step

@@ -1,0 +1,238 @@
+"""End-to-end losslessness of speculative decoding through the engine.
+
+Greedy: every drafter's output equals plain greedy decoding (itself pinned to
+transformers in test_generate.py). Sampling: on a tiny model with a small vocabulary
+the distribution of generated sequences equals the exact target distribution,
+computed by enumeration. An oracle drafter that proposes the true continuation with
+deliberate mistakes exercises the accept/reject/rollback paths that random drafters
+(which are almost always rejected) do not.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.drafters.base import DraftOutput, Drafter
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.runner import SpecRunner
+from dspark.generate import generate_plain
+from dspark.runtime.kv_cache import KVCachePool
+from dspark.runtime.loader import load_transformer
+from dspark.runtime.target import Target
+from dspark.sampling import SamplingParams
+from dspark.schedule.policies import FixedLength, VerifyLengthPolicy
+from dspark.speculative import SpeculativeConfig
+
+from test_generate import PROMPTS
+
+EXTRA_PROMPTS = [
+    "Count from one to ten in words.",
+    "What does CPU stand for?",
+    "Write a limerick about a cat.",
+    "Name three primary colors.",
+    "How do I boil an egg?",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "What is the square root of 144?",
+    "Write a SQL query that selects all rows from a table named users.",
+    "Describe the water cycle.",
+    "Give me a synonym for happy.",
+]
+ALL_PROMPTS = PROMPTS + EXTRA_PROMPTS  # 20
+
+
+class OracleDrafter(Drafter):
+    """Proposes the known reference continuation, corrupted at random positions
+    (so some rounds accept everything, some reject early)."""
+
+    method = "oracle"
+    target_layer_ids: list[int] = []
+
+    def __init__(self, references: dict[tuple, list[int]], vocab: int, error_rate: float, max_draft: int = 6):
+        super().__init__()
+        self.refs = references  # prompt tuple -> full token sequence (prompt + output)
+        self.vocab = vocab
+        self.error_rate = error_rate
+        self.max_draft_tokens = max_draft
+        self.tokens: dict[object, list[int]] = {}
+        self.g = torch.Generator().manual_seed(0)
+
+    def add_request(self, rid):
+        self.tokens[rid] = []
+
+    def release(self, rid):
+        self.tokens.pop(rid, None)
+
+    def append_context(self, rids, tokens, starts, hidden):
+        for rid, t, s in zip(rids, tokens, starts):
+            self.tokens[rid] = self.tokens[rid][:s] + list(t)
+
+    def rollback(self, rid, length):
+        self.tokens[rid] = self.tokens[rid][:length]
+
+    def context_length(self, rid):
+        return len(self.tokens[rid])
+
+    def draft(self, requests, num_tokens):
+        rows = []
+        for r in requests:
+            seq = self.tokens[r.request_id] + [r.anchor_token]
+            ref = next((v for k, v in self.refs.items() if list(k) == seq[: len(k)]), [])
+            cont = ref[len(seq): len(seq) + num_tokens] if ref[: len(seq)] == seq else []
+            cont = cont + [0] * (num_tokens - len(cont))
+            for k in range(num_tokens):
+                if torch.rand((), generator=self.g) < self.error_rate:
+                    cont[k] = int(torch.randint(0, self.vocab, (), generator=self.g))
+            rows.append(cont)
+        return DraftOutput(torch.tensor(rows, dtype=torch.long), None, None)
+
+
+def _plain_reference(target: Target, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    return [generate_plain(target, p, SamplingParams(max_tokens=max_tokens)).token_ids for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def greedy_case(default_target_fp32):
+    target = default_target_fp32
+    prompts = [target.tokenizer.chat_prompt(p) for p in ALL_PROMPTS]
+    refs = _plain_reference(target, prompts, 24)
+    return target, prompts, refs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,gamma", [("dspark", 7), ("dflash", 7), ("eagle3", 4), ("mtp", 1), ("ngram", 5)])
+def test_greedy_speculative_equals_plain(greedy_case, method, gamma):
+    target, prompts, refs = greedy_case
+    spec = SpeculativeConfig(method=method, model=None if method == "ngram" else "random",
+                             num_speculative_tokens=gamma)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=8, max_model_len=512))
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=24))
+    for p, seq, ref in zip(ALL_PROMPTS, seqs, refs):
+        assert seq.output_ids == ref, (method, p)
+    assert engine.total_stats().rounds > 0
+
+
+@pytest.mark.slow
+def test_greedy_oracle_drafter_accepts_and_stays_exact(greedy_case):
+    target, prompts, refs = greedy_case
+    references = {tuple(p): p + r for p, r in zip(prompts, refs)}
+    drafter = OracleDrafter(references, target.cfg.vocab_size, error_rate=0.15)
+    cache = target.new_cache(8, 512)
+    engine = LLMEngine(target, None, EngineConfig(max_num_seqs=8, max_model_len=512))
+    engine.runner = SpecRunner(target.model, cache, drafter, FixedLength(6), 6)
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs):
+        assert seq.output_ids == ref
+    stats = engine.total_stats()
+    # the oracle is mostly right: many tokens per round, and some rejections too
+    assert stats.acceptance_length > 2.5
+    assert stats.accepted_tokens < stats.draft_tokens
+
+
+class _VaryingLengths(VerifyLengthPolicy):
+    """Request i verifies (i mod (G+1)) tokens: different lengths in one forward."""
+
+    name = "varying"
+    needs_confidence = False
+
+    def choose(self, survival):
+        return [i % (survival.shape[1] + 1) for i in range(survival.shape[0])]
+
+
+@pytest.mark.slow
+def test_mixed_verify_lengths_in_one_forward_equal_each_alone(greedy_case):
+    target, prompts, refs = greedy_case
+    prompts, refs = prompts[:5], refs[:5]
+    references = {tuple(p): p + r for p, r in zip(prompts, refs)}
+
+    def run(ps):
+        drafter = OracleDrafter(references, target.cfg.vocab_size, error_rate=0.2)
+        engine = LLMEngine(target, None, EngineConfig(max_num_seqs=8, max_model_len=512))
+        engine.runner = SpecRunner(target.model, target.new_cache(8, 512), drafter, _VaryingLengths(), 6)
+        return [s.output_ids for s in engine.generate(ps, SamplingParams(max_tokens=16))]
+
+    together = run(prompts)
+    for p, out, ref in zip(prompts, together, refs):
+        assert out == ref[:16]
+        assert run([p]) == [out]
+
+
+# --- sampling: distribution of generated sequences -----------------------------
+
+VOCAB = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A tiny random Llama with a 6-token vocabulary; embedding and LM head scaled up
+    so its next-token distributions are far from uniform (and from a random drafter's)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(5)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    hf = AutoModelForCausalLM.from_config(cfg).float()
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.mul_(20.0)
+        hf.lm_head.weight.mul_(20.0)
+    path = tmp_path_factory.mktemp("tiny") / "llama"
+    hf.save_pretrained(str(path))
+    return Target(load_transformer(path, torch.float32), None, path, "tiny")
+
+
+def _exact_three_token_dist(target: Target, prompt: list[int], temperature: float) -> torch.Tensor:
+    """P(t1, t2, t3 | prompt) by enumerating every two-token prefix."""
+    from dspark.runtime.batch import FlatBatch
+    from dspark.sampling import logits_to_probs
+
+    probs = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
+    for a in range(VOCAB):
+        for b in range(VOCAB):
+            c = KVCachePool(target.cfg, 1, 64, torch.float32)
+            lg, _ = target.model(FlatBatch.from_requests([prompt + [a, b]], [0], [c.allocate(0)], logits="all"), c)
+            p = logits_to_probs(lg[-3:], temperature).double()  # [3, vocab]
+            probs[a, b] = p[0, a] * p[1, b] * p[2]
+    return probs
+
+
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_sampling_distribution_matches_target(tiny_target, method):
+    target = tiny_target
+    prompt = [1, 2, 3, 4]
+    temperature = 1.3
+    exact = _exact_three_token_dist(target, prompt, temperature).flatten()
+    n = 6000
+    spec = SpeculativeConfig(method=method, model="random", num_speculative_tokens=3)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=64, max_model_len=32))
+    seqs = engine.generate([prompt] * n, [SamplingParams(temperature=temperature, max_tokens=4, seed=i,
+                                                         ignore_eos=True) for i in range(n)])
+    counts = torch.zeros(VOCAB**3, dtype=torch.float64)
+    for s in seqs:
+        a, b, c = s.output_ids[:3]
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
+    stats = engine.total_stats()
+    assert stats.accepted_tokens > 0.2 * n, "the drafter must be accepted often for this test to mean anything"
+    expected = exact * n
+    keep = expected >= 5
+    chi2 = float((((counts - expected) ** 2) / expected.clamp_min(1e-12))[keep].sum())
+    dof = int(keep.sum()) - 1
+    # Wilson-Hilferty: chi2/dof -> approx normal; z > 4.5 is a failure at p ~ 3e-6.
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / (2 / (9 * dof)) ** 0.5
+    assert z < 4.5, (chi2, dof)
+    assert counts[~keep].sum() <= max(20, 3 * expected[~keep].sum())
+    tv = 0.5 * float((counts / n - exact).abs().sum())
+    assert tv < 0.06
+
+
+def test_speculative_config_errors():
+    from dspark.errors import UserError
+
+    with pytest.raises(UserError, match="unknown speculative method"):
+        SpeculativeConfig(method="medusa")
+    with pytest.raises(UserError, match="num_speculative_tokens"):
+        SpeculativeConfig(num_speculative_tokens=0)
+    with pytest.raises(UserError, match="needs confidence"):
+        SpeculativeConfig(method="dflash", enable_adaptive_verification=True)
+    with pytest.raises(UserError, match="unknown speculative-config keys"):
+        SpeculativeConfig.from_dict({"method": "dspark", "bogus": 1})
+    assert SpeculativeConfig(enable_adaptive_verification=True).policy == "dspark-async"
