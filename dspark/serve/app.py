@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from dspark.engine.engine import LLMEngine, QueueFull
 from dspark.errors import USER_ERRORS
@@ -87,6 +89,7 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
                            "authentication_error", None, "invalid_api_key")
 
     auth = [Depends(require_api_key)]
+    started = int(time.time())
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request):
@@ -98,9 +101,8 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:
-        created = Reply(chat=False, model=names[0]).created
         return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "dspark",
+            {"id": name, "object": "model", "created": started, "owned_by": "dspark",
              "root": str(target.path), "max_model_len": engine.config.max_model_len} for name in names]}
 
     @app.get("/health")
@@ -149,7 +151,7 @@ async def _generate(request: Request, state: ServerState,
         state.async_engine.submit(stream)
         await stream.accepted
     except asyncio.CancelledError:
-        state.async_engine.abort(stream.request_id)
+        _abort_unfinished(state, stream)
         raise
     except QueueFull as e:
         raise APIError(429, f"{e}; retry later", "rate_limit_error", None, "queue_full") from None
@@ -158,9 +160,30 @@ async def _generate(request: Request, state: ServerState,
     except USER_ERRORS as e:
         raise bad_request(str(e)) from None
     if req.stream:
-        return StreamingResponse(_stream(state, stream, req, reply), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _EventStream(_stream(state, stream, req, reply), lambda: _abort_unfinished(state, stream))
     return await _whole(request, state, stream, req, reply)
+
+
+def _abort_unfinished(state: ServerState, stream: RequestStream) -> None:
+    if not stream.finished:
+        state.async_engine.abort(stream.request_id)
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that abort their request however the response ends,
+    even when the client leaves before the first event (the body generator, never
+    started, would run no cleanup of its own)."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequest,
@@ -184,8 +207,7 @@ async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequ
                 yield sse(reply.chunk(delta))
         yield sse("[DONE]")
     finally:  # also on cancellation: the client went away
-        if not stream.finished:
-            state.async_engine.abort(stream.request_id)
+        _abort_unfinished(state, stream)
 
 
 async def _whole(request: Request, state: ServerState, stream: RequestStream, req: GenerationRequest,
@@ -208,8 +230,7 @@ async def _whole(request: Request, state: ServerState, stream: RequestStream, re
             if out.finished:
                 break
     finally:
-        if not stream.finished:
-            state.async_engine.abort(stream.request_id)
+        _abort_unfinished(state, stream)
     if out.error is not None:
         raise APIError(500, out.error, "server_error")
     reason = "stop" if text.hit_stop else out.finish_reason
