@@ -1,0 +1,240 @@
+"""`dspark bench`: online serving benchmarks over HTTP (`serve`, `sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="serving benchmarks against any OpenAI-compatible server")
+    p.set_defaults(func=lambda _: p.print_help())
+    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep}")
+
+    s = bsub.add_parser(
+        "serve", help="load one running server and report latency, throughput and acceptance",
+        description="Send held-out math/code/chat prompts (or a JSONL file) to an OpenAI-compatible server, "
+                    "streaming every request, closed loop (--max-concurrency) or open loop (--request-rate, "
+                    "Poisson). Reports request/output/total throughput, per-user tok/s, TTFT, TPOT, ITL, "
+                    "end-to-end latency (mean, median, percentiles), goodput under SLOs, failures, and the "
+                    "speculative-decoding acceptance read from the server's /metrics (dspark: or vllm: "
+                    "counters). TPOT = (E2EL - TTFT) / (output tokens - 1) per request; per-user tok/s = "
+                    "1/TPOT; ITL is one sample per streamed text chunk, so with speculative decoding (several "
+                    "tokens per chunk) ITL exceeds TPOT.",
+    )
+    s.add_argument("--base-url", default="http://127.0.0.1:8000",
+                   help="server root, with or without /v1 (default: %(default)s)")
+    s.add_argument("--max-concurrency", type=int, default=None,
+                   help="closed loop: at most N requests in flight (default: unbounded)")
+    s.add_argument("--request-rate", type=_rate, default=math.inf,
+                   help="open loop: requests per second, Poisson arrivals drawn from --seed; inf = all at once "
+                        "(default: inf)")
+    s.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the arrival gaps; 1 = Poisson, lower = burstier (default: %(default)s)")
+    s.add_argument("--num-prompts", type=int, default=100, help="measured requests (default: %(default)s)")
+    s.add_argument("--num-warmups", type=int, default=0,
+                   help="unmeasured requests sent first (default: %(default)s)")
+    s.add_argument("--metrics-url", default=None,
+                   help="Prometheus endpoint for acceptance (default: BASE_URL/metrics)")
+    s.add_argument("--json-out", default=None, metavar="FILE",
+                   help="write every figure and the run's configuration as JSON")
+    s.add_argument("--save-detailed", action="store_true",
+                   help="with --json-out: include each request's timings")
+    _add_load_args(s)
+    s.set_defaults(func=run_serve)
+
+    w = bsub.add_parser(
+        "sweep", help="start each server configuration, load it at a concurrency ladder, plot the frontier",
+        description="For each configuration: start `dspark serve` (or a given command, or use a running URL) "
+                    "on 127.0.0.1 with a free port, wait for /health, run the closed-loop load at each "
+                    "concurrency, stop it (SIGTERM, then SIGKILL after --grace-period; the whole process "
+                    "group). Writes into --out: sweep.json, sweep.md (points, SLA tiers), pareto.png "
+                    "(output tok/s against per-user tok/s, labelled by concurrency), "
+                    "throughput_vs_concurrency.png, and each server's log under logs/.",
+    )
+    w.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    w.add_argument("--configs", nargs="+", metavar="CONFIG", default=None,
+                   help="configurations: a name (none, mtp, eagle3, dflash, dspark, dspark-adaptive, ngram), "
+                        "NAME=JSON (a --speculative-config for dspark serve; NAME=none for none), NAME=URL (an "
+                        "already running server) or NAME=CMD (a shell command with {port} that starts a server; "
+                        "the sweep stops it). Default: none mtp eagle3 dflash dspark dspark-adaptive, with the "
+                        "shipped drafters")
+    w.add_argument("--concurrency", type=_int_list, default=[1, 4, 16, 32],
+                   help="concurrency ladder, comma-separated (default: 1,4,16,32)")
+    w.add_argument("--tiers", type=_float_list, default=[10.0, 20.0, 40.0],
+                   help="SLA tiers in per-user tok/s, comma-separated (default: 10,20,40)")
+    w.add_argument("--repeats", type=int, default=1,
+                   help="runs per point; the report gives the median and the spread (default: %(default)s)")
+    w.add_argument("--num-prompts", type=int, default=None,
+                   help="measured requests per point (default: 4 x concurrency, at least 16)")
+    w.add_argument("--num-warmups", type=int, default=None,
+                   help="unmeasured requests before each point (default: the concurrency)")
+    w.add_argument("--server-args", default="",
+                   help='extra flags for every started `dspark serve`, e.g. "--model DIR --dtype bf16 '
+                        '--max-model-len 4096"')
+    w.add_argument("--server-timeout", type=float, default=900.0,
+                   help="seconds to wait for a server's /health (default: %(default)s)")
+    w.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds between SIGTERM and SIGKILL when stopping a server (default: %(default)s)")
+    _add_load_args(w)
+    w.set_defaults(func=run_sweep)
+
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("requests")
+    g.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
+                   help="/v1/chat/completions or /v1/completions (default: %(default)s)")
+    g.add_argument("--model", default=None, help="model name in requests (default: the first of GET /v1/models)")
+    g.add_argument("--api-key", default=os.environ.get("DSPARK_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token (default: $DSPARK_API_KEY, else $OPENAI_API_KEY, else none)")
+    g.add_argument("--dataset", choices=["math", "code", "chat", "mixed"], default="mixed",
+                   help="held-out prompts: GSM8K tail, HumanEval, MT-Bench, or all three (default: %(default)s)")
+    g.add_argument("--dataset-path", default=None, metavar="JSONL",
+                   help='prompts from a file instead, one {"prompt": ...} or {"messages": [...]} per line '
+                        '(optional "max_tokens")')
+    g.add_argument("--seed", type=int, default=0, help="prompt order and arrival times (default: %(default)s)")
+    g.add_argument("--max-tokens", type=int, default=256, help="output tokens per request (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="send ignore_eos=true (an extension field) so every request runs to --max-tokens")
+    g.add_argument("--extra-body", type=_json_object, default={}, metavar="JSON",
+                   help='more request fields, e.g. \'{"top_p": 0.9}\'')
+    g.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
+                   help="SLOs for goodput: ttft:MS tpot:MS e2el:MS (any of them)")
+    g.add_argument("--percentiles", type=_float_list, default=[99.0],
+                   help="latency percentiles to report, comma-separated (default: 99)")
+    g.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds one request may take (default: %(default)s)")
+    g.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def _rate(text: str) -> float:
+    x = float(text)  # accepts "inf"
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 or inf, got {text}")
+    return x
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _json_object(text: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return obj
+
+
+def _load_config(args: argparse.Namespace, **overrides):
+    from dspark.bench import BenchError, LoadConfig
+    from dspark.bench.stats import parse_goodput
+
+    try:
+        goodput = parse_goodput(args.goodput)
+    except ValueError as e:
+        raise BenchError(f"--goodput: {e}") from None
+    fields = dict(
+        endpoint=args.endpoint, model=args.model, api_key=args.api_key, dataset=args.dataset,
+        dataset_path=args.dataset_path, seed=args.seed, max_tokens=args.max_tokens,
+        temperature=args.temperature, ignore_eos=args.ignore_eos, extra_body=args.extra_body,
+        goodput=goodput, percentiles=tuple(args.percentiles),
+        request_timeout=args.request_timeout, progress=not args.disable_tqdm,
+    )
+    fields.update(overrides)
+    return LoadConfig(**fields)
+
+
+@contextmanager
+def _user_errors():
+    """Benchmark and data mistakes as one-line CLI errors."""
+    from dspark.bench.dataset import DatasetError
+    from dspark.bench.runner import BenchError
+    from dspark.errors import UserError
+
+    try:
+        yield
+    except (BenchError, DatasetError) as e:
+        raise UserError(str(e)) from None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from dspark.bench import run_benchmark
+    from dspark.bench.report import format_result
+
+    with _user_errors():
+        config = _load_config(args, base_url=args.base_url, num_prompts=args.num_prompts,
+                              num_warmups=args.num_warmups, max_concurrency=args.max_concurrency,
+                              request_rate=args.request_rate, burstiness=args.burstiness,
+                              metrics_url=args.metrics_url, save_detailed=args.save_detailed)
+        result = run_benchmark(config)
+    print(format_result(result))
+    if args.json_out:
+        path = Path(args.json_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+    return 0 if result["completed"] else 1
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from dspark.bench.sweep import DEFAULT_CONFIGS, SweepConfig, parse_server_config, run_sweep as sweep
+    from dspark.errors import UserError
+
+    with _user_errors():
+        configs = [parse_server_config(c) for c in (args.configs or list(DEFAULT_CONFIGS))]
+        config = SweepConfig(
+            out_dir=Path(args.out), configs=configs, concurrencies=args.concurrency,
+            load=_load_config(args, base_url="http://127.0.0.1"), tiers=args.tiers, repeats=args.repeats,
+            num_prompts=args.num_prompts, num_warmups=args.num_warmups,
+            server_args=shlex.split(args.server_args), server_timeout=args.server_timeout,
+            grace_period=args.grace_period)
+        with _terminate_as_exit():
+            result = sweep(config)
+    print((config.out_dir / "sweep.md").read_text())
+    written = sorted(p.name for p in config.out_dir.iterdir() if p.is_file())
+    print(f"wrote {', '.join(written)} into {config.out_dir}", file=sys.stderr)
+    failed = [c["name"] for c in result["configs"] if c["status"] != "ok"]
+    if failed:
+        raise UserError(f"{len(failed)} of {len(configs)} configurations failed ({', '.join(failed)}); their "
+                        f"errors are above and in {config.out_dir / 'sweep.md'}, their logs in "
+                        f"{config.out_dir / 'logs'}")
+    return 0
+
+
+@contextmanager
+def _terminate_as_exit():
+    """SIGTERM raises SystemExit, so the servers a sweep started are stopped on the
+    way out rather than left running."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
