@@ -4,6 +4,7 @@ The CLI prints these as one line; the server maps them to HTTP 400."""
 
 from __future__ import annotations
 
+from .data.sources import DataError
 from .drafters.checkpoint import DrafterCheckpointError
 from .drafters.config import DrafterConfigError
 from .runtime.config import ConfigError
@@ -27,4 +28,5 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     DrafterConfigError,
     DrafterCheckpointError,
     ScheduleError,
+    DataError,
 )

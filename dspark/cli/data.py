@@ -60,8 +60,9 @@ def _register_generate(dsub: argparse._SubParsersAction) -> None:
                     "  finish_reason, stop_token_id, seed, generator (model + sampling), format.\n"
                     "Running the same command again resumes: ids already in the file are skipped. Each prompt\n"
                     "samples with a seed derived from --seed and its id, so the output does not depend on\n"
-                    "batch size, concurrency or interruptions. A server's reply is tokenized with --model's\n"
-                    "tokenizer (pass the served model's directory).",
+                    "batch size, concurrency or interruptions (on a CPU, --dtype auto means fp32 here for\n"
+                    "that reason). A server's reply is tokenized with --model's tokenizer (pass the served\n"
+                    "model's directory).",
     )
     p.add_argument("--out", required=True,
                    help=f"output JSONL file, or a directory to write {DEFAULT_FILE_NAME} in")
@@ -180,6 +181,11 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         from .common import load_target
 
+        if args.dtype == "auto" and not _cuda(args.device):
+            # CPU bf16 kernels round a row of a batch differently from a lone row, so
+            # records would depend on which prompts share a batch (and on resuming);
+            # fp32 keeps them independent, and is faster here from batch 8 up.
+            args.dtype = "fp32"
         backend = LocalBackend(load_target(args), args.batch_size, args.max_model_len)
     summary = _user_errors(lambda: regenerate(prompts, out, backend, config, progress=not args.no_progress))
     skipped = f", {summary.too_long} skipped as longer than --max-prompt-tokens" if summary.too_long else ""
@@ -187,6 +193,12 @@ def run_generate(args: argparse.Namespace) -> int:
           f"{summary.response_tokens} response tokens in {summary.elapsed_s:.1f} s "
           f"({summary.tokens_per_s:.1f} tok/s) -> {out}", file=sys.stderr)
     return 0
+
+
+def _cuda(device: str | None) -> bool:
+    import torch
+
+    return (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
 
 
 def _user_errors(fn):

@@ -201,8 +201,8 @@ def parse_mix(text: str) -> dict[str, float]:
             w = float(value)
         except ValueError:
             raise DataError(f"mix weight {value!r} for {name} is not a number") from None
-        if w < 0 or w != w:
-            raise DataError(f"mix weight for {name} must be >= 0, got {value}")
+        if not 0 <= w < float("inf"):
+            raise DataError(f"mix weight for {name} must be a finite number >= 0, got {value}")
         mix[name] = mix.get(name, 0.0) + w
     total = sum(mix.values())
     if total <= 0:

@@ -94,7 +94,7 @@ class RecordWriter:
     def close(self) -> None:
         self._f.close()
 
-    def __enter__(self) -> "RecordWriter":
+    def __enter__(self) -> RecordWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
