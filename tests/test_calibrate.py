@@ -63,6 +63,15 @@ def test_sts_is_sequential():
     assert fit_sts(other)[:2] == temps[:2]
 
 
+def test_sts_leaves_unreachable_positions_at_one():
+    """A position that no block reaches accepted gives every temperature the same ECE
+    (~0): STS keeps T = 1 there rather than an arbitrary grid end."""
+    data, _ = synthetic(2000, 3, seed=2)
+    data.accepted[:, 2] = 0
+    data.logits[:, 2] = -30.0
+    assert fit_sts(data)[2] == pytest.approx(1.0)
+
+
 def test_reliability_diagram_writes_png(tmp_path):
     data, _ = synthetic(500, 3)
     s = data.survival([1.0] * 3)[data.valid].numpy()
@@ -71,14 +80,14 @@ def test_reliability_diagram_writes_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_calibrate_cli_on_a_tiny_drafter(tiny_dir, tiny_target, tiny_data, tmp_path, capsys):
+def test_calibrate_cli_on_a_tiny_drafter(tiny_dir, tiny_target, tiny_data, trained, tmp_path, capsys):
+    import shutil
+
     from dspark.cli.main import main
     from dspark.drafters import load_drafter
-    from dspark.train import Trainer
-    from test_train import train_config
 
     out = tmp_path / "dspark"
-    Trainer(train_config("dspark", tiny_data, out, max_steps=8), tiny_target).run()
+    shutil.copytree(trained["dspark"], out)
     rc = main(["calibrate", "--drafter", str(out), "--data", str(tiny_data), "--model", str(tiny_dir),
                "--dtype", "fp32", "--blocks-per-seq", "8", "--json"])
     assert rc == 0
@@ -90,10 +99,9 @@ def test_calibrate_cli_on_a_tiny_drafter(tiny_dir, tiny_target, tiny_data, tmp_p
     assert (out / "reliability.png").is_file()
     assert load_drafter(out, tiny_target.model).confidence_head.temperatures == cal["temperatures"]
     # a drafter without a confidence head is refused with one line
-    flat = tmp_path / "dflash"
-    Trainer(train_config("dflash", tiny_data, flat, max_steps=1), tiny_target).run()
+    flat = trained["dflash"]
     assert main(["calibrate", "--drafter", str(flat), "--data", str(tiny_data), "--model", str(tiny_dir)]) == 2
     assert "without a confidence head" in capsys.readouterr().err
 
 
-from test_train import tiny_data, tiny_dir, tiny_target  # noqa: E402,F401  (shared fixtures)
+from test_train import tiny_data, tiny_dir, tiny_target, trained  # noqa: E402,F401  (shared fixtures)

@@ -65,9 +65,21 @@ def tiny_records(target, path: Path, num: int, seed: int = 0, max_tokens: int = 
     return path
 
 
+# The test modules of training, calibration and evaluation import these fixtures; a
+# fixture imported into several modules runs once per module, so what they build is
+# kept under the session's base temp directory and reused.
+
+
+def _shared(tmp_path_factory, name: str) -> Path:
+    path = tmp_path_factory.getbasetemp() / "shared" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
-    return write_tiny_target(tmp_path_factory.mktemp("tiny_target") / "llama")
+    path = _shared(tmp_path_factory, "tiny_target")
+    return path if (path / "tokenizer.json").is_file() else write_tiny_target(path)
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +91,8 @@ def tiny_target(tiny_dir):
 
 @pytest.fixture(scope="session")
 def tiny_data(tiny_target, tmp_path_factory) -> Path:
-    return tiny_records(tiny_target, tmp_path_factory.mktemp("tiny_data") / "train.jsonl", 24)
+    path = _shared(tmp_path_factory, "tiny_data.jsonl")
+    return path if path.is_file() else tiny_records(tiny_target, path, 24)
 
 
 def train_config(method: str, data: Path, out: Path, **kw):
@@ -229,15 +242,28 @@ def _log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("method", ["dspark", "dflash", "eagle3", "mtp"])
-def test_training_reduces_the_loss_and_writes_a_loadable_drafter(method, tiny_target, tiny_data, tmp_path):
-    from dspark.drafters import load_drafter
+@pytest.fixture(scope="session")
+def trained(tiny_target, tiny_data, tmp_path_factory) -> dict[str, Path]:
+    """One short training run per method, shared by the train, calibrate and eval tests."""
     from dspark.train import Trainer
 
-    out = tmp_path / method
-    result = Trainer(train_config(method, tiny_data, out, max_steps=16, save_every=8, batch_size=4), tiny_target).run()
+    out = {}
+    for method in ("dspark", "dflash", "eagle3", "mtp"):
+        path = _shared(tmp_path_factory, "trained") / method
+        if not (path / "model.safetensors").is_file():
+            result = Trainer(train_config(method, tiny_data, path, max_steps=16, save_every=8), tiny_target).run()
+            assert result.steps == 16
+        out[method] = path
+    return out
+
+
+@pytest.mark.parametrize("method", ["dspark", "dflash", "eagle3", "mtp"])
+def test_training_reduces_the_loss_and_writes_a_loadable_drafter(method, trained, tiny_target):
+    from dspark.drafters import load_drafter
+
+    out = trained[method]
     log = _log(out)
-    assert result.steps == 16 and [r["step"] for r in log] == list(range(1, 17))
+    assert [r["step"] for r in log] == list(range(1, 17))
     first, last = sum(r["loss"] for r in log[:4]) / 4, sum(r["loss"] for r in log[-4:]) / 4
     assert last < first, [round(r["loss"], 3) for r in log]
     gamma = {"dspark": 4, "dflash": 4, "eagle3": 3, "mtp": 1}[method]
@@ -246,10 +272,8 @@ def test_training_reduces_the_loss_and_writes_a_loadable_drafter(method, tiny_ta
     assert 1 <= log[-1]["expected_tau"] <= gamma + 1
     assert ("bce" in log[-1]) == (method == "dspark")
     d = load_drafter(out, tiny_target.model)
-    assert d.method == method and not (out / "calibration.json").exists()
+    assert d.method == method and d.max_draft_tokens == gamma
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-16", "step-8"]
-    if method == "eagle3":
-        assert d.max_draft_tokens == 3  # ttt_steps + 1 = block_size
 
 
 def test_resume_continues_exactly(tiny_target, tiny_data, tmp_path):
@@ -289,10 +313,10 @@ def test_two_gloo_processes_equal_one(tiny_dir, tiny_data, tmp_path):
               "--max-steps", "3", "--batch-size", "4", "--blocks-per-seq", "4", "--block-size", "5",
               "--markov-rank", "8", "--lr", "3e-3", "--precision", "fp32", "--save-dtype", "fp32",
               "--log-every", "1", "--no-progress"]
+    from dspark.cli.main import main
+
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "dspark.cli.main", *common, "--out", str(tmp_path / "one")],
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "dspark.cli.main", *common, "--out", str(tmp_path / "two")],
                          env=env, capture_output=True, text=True, timeout=180)
@@ -306,3 +330,31 @@ def test_two_gloo_processes_equal_one(tiny_dir, tiny_data, tmp_path):
         torch.testing.assert_close(a[name], b[name], atol=2e-5, rtol=1e-4)
     la, lb = _log(tmp_path / "one"), _log(tmp_path / "two")
     assert [round(r["loss"], 4) for r in la] == [round(r["loss"], 4) for r in lb]
+
+
+# --- the real default model ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_default_model_trains_a_few_steps(default_target, tmp_path):
+    """Two steps of every block/AR method on the real target (on-the-fly teacher): the
+    loss is finite, the log has the analytic acceptance, the checkpoint loads."""
+    from dspark.data.records import RecordWriter
+    from dspark.drafters import load_drafter
+    from dspark.train import TrainConfig, Trainer
+
+    tok = default_target.tokenizer
+    data = tmp_path / "train.jsonl"
+    with RecordWriter(data) as w:
+        for i, (q, a) in enumerate([("What is 2 + 3?", "2 + 3 = 5. The answer is 5."),
+                                    ("Name a color.", "Blue is a color, and so is red.")]):
+            w.write({"id": f"t/{i}", "domain": "chat", "prompt_token_ids": tok.chat_prompt(q),
+                     "response_token_ids": tok.encode(a), "finish_reason": "stop", "stop_token_id": None})
+    for method in ("dspark", "eagle3"):
+        out = tmp_path / method
+        cfg = TrainConfig(method=method, data=[str(data)], out=str(out), max_steps=2, batch_size=2,
+                          blocks_per_seq=2, progress=False, markov_rank=16 if method == "dspark" else None)
+        Trainer(cfg, default_target).run()
+        log = _log(out)
+        assert all(math.isfinite(r["loss"]) for r in log) and "accept_rate@1" in log[-1]
+        assert load_drafter(out, default_target.model).method == method

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from dspark.drafters import load_drafter
     from dspark.errors import UserError
     from dspark.eval.calibration import reliability_diagram
-    from dspark.train.data import load_sequences
+    from dspark.train.data import end_of_turn_id, load_sequences
     from dspark.train.sts import calibration_report, collect_confidences, fit_sts
     from dspark.train.teacher import OnTheFlyTeacher
 
@@ -57,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if drafter.method != "dspark" or getattr(drafter, "confidence_head", None) is None:
         raise UserError(f"{args.drafter} is a {drafter.method} drafter without a confidence head; "
                         "only dspark drafters are calibrated")
-    eos = target.tokenizer.eos_token_ids[0] if target.tokenizer.eos_token_ids else None
-    seqs = load_sequences(args.data, eos, args.max_model_len)
+    seqs = load_sequences(args.data, end_of_turn_id(target.tokenizer), args.max_model_len)
     teacher = OnTheFlyTeacher(target.model, drafter.target_layer_ids, seqs)
     data = collect_confidences(drafter, teacher, seqs, args.blocks_per_seq, args.batch_size, args.acceptance,
                                progress=not args.json)

@@ -81,10 +81,10 @@ def run_acceptance(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json.dumps(r.to_dict()))
                 else:
-                    pos = " ".join(f"{x:.2f}" for x in r.per_position)
+                    pos = " ".join(f"{x:.2f}" for x in r.conditional)
                     print(f"{r.drafter:<12} {r.method:<7} block {r.block:>2} {d:<5} tau {r.acceptance_length:.3f} "
-                          f"({r.rounds} rounds, {r.output_tokens} tokens, {r.wall_s:.0f} s)  per position: {pos}",
-                          file=sys.stderr)
+                          f"({r.rounds} rounds, {r.output_tokens} tokens, {r.wall_s:.0f} s)  "
+                          f"conditional acceptance by position: {pos}", file=sys.stderr)
     plot = acceptance_plot(Path(args.plot), results)
     if not args.json:
         print(format_table(results))

@@ -2,9 +2,12 @@
 a fixed verification length and read the engine's own counters.
 
 τ (acceptance length) = (accepted drafts + 1 bonus/recovered token) per verification
-round; per-position acceptance = P(draft k accepted | draft k was verified), both as
-`SpecStats` counts them during decoding, so these are the real decoding numbers
-(greedy by default: the target's argmax decides). A drafter that drafts fewer tokens
+round, and per position k the engine's `SpecStats` rate P(draft k accepted | draft k
+was verified), i.e. at a fixed length the prefix rate P(drafts 1..k all accepted):
+the real decoding numbers (greedy by default: the target's argmax decides). The
+conditional acceptance P(k accepted | 1..k-1 accepted) is accepted_k / accepted_{k-1}
+(accepted_0 = verified rounds); it is exact when every round verifies every
+position, as a fixed length does except where a request's token budget runs out. A drafter that drafts fewer tokens
 than asked (MTP-1: one) runs at its own maximum; results record the length used.
 """
 
@@ -28,7 +31,8 @@ class AcceptanceResult:
     domain: str
     num_prompts: int
     acceptance_length: float
-    per_position: list[float] = field(default_factory=list)
+    per_position: list[float] = field(default_factory=list)  # P(k accepted | k verified)
+    conditional: list[float] = field(default_factory=list)  # P(k accepted | 1..k-1 accepted)
     rounds: int = 0
     output_tokens: int = 0
     wall_s: float = 0.0
@@ -82,12 +86,24 @@ def measure_acceptance(
     wall = time.perf_counter() - t0
     stats = engine.total_stats()
     return AcceptanceResult(Path(drafter_path).name, method, used, domain, len(prompts), stats.acceptance_length,
-                            stats.per_position_acceptance, stats.rounds, sum(len(s.output_ids) for s in seqs), wall)
+                            stats.per_position_acceptance, conditional_acceptance(stats), stats.rounds,
+                            sum(len(s.output_ids) for s in seqs), wall)
+
+
+def conditional_acceptance(stats) -> list[float]:
+    """accepted_k / accepted_{k-1} per position (accepted_0 = rounds that verified k=1);
+    NaN where no round reached position k-1 accepted."""
+    prev = stats.drafted_per_position[0] if stats.drafted_per_position else 0
+    out = []
+    for acc in stats.accepted_per_position:
+        out.append(acc / prev if prev else float("nan"))
+        prev = acc
+    return out
 
 
 def acceptance_plot(path: str | Path, results: list[AcceptanceResult]) -> Path:
     """One PNG: per-position conditional acceptance, a panel per (block, domain), a
-    line per drafter."""
+    line per drafter (gaps where no round reached the position)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,14 +121,14 @@ def acceptance_plot(path: str | Path, results: list[AcceptanceResult]) -> Path:
             for r in results:
                 if r.domain != d or (r.block != b and not (r.block == 1 and r.block < b)):
                     continue
-                xs = list(range(1, len(r.per_position) + 1))
-                ax.plot(xs, r.per_position, marker="o", ms=3,
+                ys = r.conditional or r.per_position
+                ax.plot(range(1, len(ys) + 1), ys, marker="o", ms=3,
                         label=f"{r.drafter} (τ {r.acceptance_length:.2f})")
             ax.set_title(f"{d}, block {b}")
             ax.set_xlabel("drafted position k")
             ax.set_ylim(0, 1)
             if j == 0:
-                ax.set_ylabel("P(accept k | k verified)")
+                ax.set_ylabel("P(accept k | 1..k-1 accepted)")
             ax.legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)

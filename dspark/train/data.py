@@ -36,6 +36,16 @@ class TrainSequence:
         return max(0, len(self.tokens) - 1 - self.prompt_len)
 
 
+def end_of_turn_id(tokenizer) -> int | None:
+    """The token a stopped reply ends with (used when a record does not name it)."""
+    if tokenizer is None:
+        return None
+    tid = getattr(getattr(tokenizer, "tok", None), "eos_token_id", None)
+    if tid is None and tokenizer.eos_token_ids:
+        tid = tokenizer.eos_token_ids[0]
+    return tid
+
+
 def load_sequences(paths: list[str | Path], eos_token_id: int | None, max_len: int) -> list[TrainSequence]:
     """Records of every file, in file order; sequences are cut at `max_len` tokens and
     those without a response token to predict are dropped."""

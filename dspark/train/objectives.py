@@ -16,9 +16,10 @@ the target's logits at row a+k (teacher forcing: the target reads the data token
   to its own chain's earlier steps: the keys decoding would have in its cache.
 * MTP-1: step 1 only.
 
-Each forward returns a `Drafted`: the drafter's logits, confidence logits and block
-positions of the valid drafted positions (label inside the sequence), flattened in
-(sequence, anchor, position) order, and the target rows they need.
+Each forward returns a `Drafted`: the drafter's logits (and DSpark's confidence
+logits) of the valid drafted positions (label inside the sequence), flattened in
+(sequence, anchor, position) order, the order of `AnchorBatch.labels`,
+`.positions` and `.target_rows`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ drafted tokens 1..k are all accepted, so that is the quantity to calibrate. For
 k = 1..γ in order, a 1-D grid search picks the temperature T_k of position k
 (c_k = sigmoid(z_k / T_k)) minimising the ECE of s_k against the observed prefix
 acceptance, with T_1..T_{k-1} already fixed. A temperature never changes the order
-of confidences at a position.
+of confidences at a position. Where several temperatures reach the same ECE (a
+position no block ever reaches accepted), the one nearest 1 is kept.
 
 Observed prefix acceptance, on held-out responses with teacher forcing (each block
 conditioned on the data's true context and, for the Markov head, the data's true
@@ -34,7 +35,8 @@ from .data import TrainSequence, sample_anchors
 from .objectives import AnchorBatch, block_forward
 
 ACCEPTANCE_KINDS = ("greedy", "analytic")
-DEFAULT_GRID = np.geomspace(0.05, 20.0, 481)
+DEFAULT_GRID = np.geomspace(0.05, 20.0, 481)  # includes 1.0
+TIE_TOLERANCE = 1e-6
 
 
 @dataclass
@@ -107,8 +109,10 @@ def fit_sts(data: ConfidenceSet, grid: np.ndarray = DEFAULT_GRID, num_bins: int 
             continue
         z, y, base = data.logits[v, k].double(), data.accepted[v, k], prev[v]
         cand = base.unsqueeze(0) * torch.sigmoid(z.unsqueeze(0) / grid_t.unsqueeze(1))  # [G, M_k]
-        errors = [ece(cand[g], y, num_bins) for g in range(len(grid))]
-        best = float(grid[int(np.nanargmin(errors))])
+        errors = np.array([ece(cand[g], y, num_bins) for g in range(len(grid))])
+        # Ties (e.g. a position that is never reached) keep the temperature nearest 1.
+        near_best = np.flatnonzero(errors <= np.nanmin(errors) + TIE_TOLERANCE)
+        best = float(grid[near_best[np.argmin(np.abs(np.log(grid[near_best])))]])
         temps.append(best)
         prev = prev * torch.sigmoid(data.logits[:, k].double() / best)
     return temps
