@@ -100,11 +100,15 @@ def greedy_case(default_target_fp32):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,gamma", [("dspark", 7), ("dflash", 7), ("eagle3", 4), ("mtp", 1), ("ngram", 5)])
-def test_greedy_speculative_equals_plain(greedy_case, method, gamma):
+@pytest.mark.parametrize("method,gamma,weights", [
+    ("dspark", 7, "random"), ("dflash", 7, "random"), ("eagle3", 4, "random"), ("mtp", 1, "random"),
+    ("ngram", 5, None),
+    # the trained drafters shipped for the default model
+    ("dspark", 7, None), ("dflash", 7, None), ("eagle3", 7, None), ("mtp", 1, None),
+])
+def test_greedy_speculative_equals_plain(greedy_case, method, gamma, weights):
     target, prompts, refs = greedy_case
-    spec = SpeculativeConfig(method=method, model=None if method == "ngram" else "random",
-                             num_speculative_tokens=gamma)
+    spec = SpeculativeConfig(method=method, model=weights, num_speculative_tokens=gamma)
     engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=8, max_model_len=512))
     seqs = engine.generate(prompts, SamplingParams(max_tokens=24))
     for p, seq, ref in zip(ALL_PROMPTS, seqs, refs):
