@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from .config import ConfigError, ModelConfig
-from .model import Transformer
+from .model import Transformer, pack_cpu_bf16_linears
 
 
 class ModelLoadError(ValueError):
@@ -144,4 +144,5 @@ def load_transformer(
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    pack_cpu_bf16_linears(model)
     return model

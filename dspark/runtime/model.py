@@ -158,6 +158,40 @@ class _AttnLayout:
         return o if not self.padded else o[self.flat_rows]
 
 
+class _PackedLinearForward:
+    """CPU bf16 inference through oneDNN with the weight pre-packed once.
+
+    On these CPUs a pre-packed bf16 weight runs a decode-sized matmul about 2x faster
+    than `F.linear` and gives bit-identical results (measured: scripts/bench_runtime.py).
+    Used only when autograd is off; training keeps the plain path."""
+
+    def __init__(self, module: nn.Linear) -> None:
+        self.module = module
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 1)
+        self.plain = module.forward
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if torch.is_grad_enabled() or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+            return self.plain(x)
+        bias = None if m.bias is None else m.bias.detach()
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, m.in_features), self.packed, bias, "none", [], "")
+        return out.view(*x.shape[:-1], m.out_features)
+
+
+def pack_cpu_bf16_linears(model: nn.Module) -> int:
+    """Switch every bf16 CPU `nn.Linear` of `model` to pre-packed oneDNN weights for
+    inference. Returns how many were packed (0 where oneDNN is unavailable)."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return 0
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.bfloat16 and mod.weight.device.type == "cpu":
+            mod.forward = _PackedLinearForward(mod)
+            n += 1
+    return n
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, max_len: int | None = None) -> None:
         super().__init__()
