@@ -92,11 +92,16 @@ def build_drafter(spec: SpeculativeConfig, target):
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
                               min_ngram=spec.prompt_lookup_min,
                               max_draft_tokens=spec.num_speculative_tokens or 7)
+    from dspark.runtime.model import pack_cpu_bf16_linears
+
     path = spec.drafter_path(target.name)
     if path is None:
         sizes = {"block_size": spec.num_speculative_tokens + 1} if spec.num_speculative_tokens and spec.method in ("dspark", "dflash") else {}
-        return create_drafter(spec.method, target.model, seed=0, **sizes)
-    return load_drafter(path, target.model)
+        drafter = create_drafter(spec.method, target.model, seed=0, **sizes)
+    else:
+        drafter = load_drafter(path, target.model)
+    pack_cpu_bf16_linears(drafter)
+    return drafter
 
 
 def generate_speculative(

@@ -34,6 +34,7 @@ def main() -> None:
     from dspark.drafters import create_drafter
     from dspark.drafters.base import DraftRequest
     from dspark.runtime.batch import FlatBatch
+    from dspark.runtime.model import pack_cpu_bf16_linears
     from dspark.runtime.target import Target
     from dspark.sampling import SamplingParams
 
@@ -43,6 +44,7 @@ def main() -> None:
 
     def prepared(method: str, **sizes):
         d = create_drafter(method, target.model, seed=0, **sizes)
+        pack_cpu_bf16_linears(d)  # as the engine does
         d.reserve(1, 1024)
         d.add_request(0)
         cache = target.new_cache(1, 1024)
