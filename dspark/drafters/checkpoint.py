@@ -17,8 +17,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
+
+from dspark.runtime.loader import read_safetensors_dir
 
 from .base import Drafter
 from .config import DrafterConfig, DrafterConfigError
@@ -69,22 +70,7 @@ def read_config(path: str | Path) -> DrafterConfig:
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        files = [path / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise DrafterCheckpointError(f"{path} holds no model.safetensors (pickled checkpoints are not loaded)")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for k in fh.keys():
-                    out[k] = fh.get_tensor(k)
-        except Exception as e:  # corrupt or truncated file
-            raise DrafterCheckpointError(f"cannot read {f}: {e}") from None
-    return out
+    return read_safetensors_dir(path, DrafterCheckpointError)
 
 
 def _read_calibration(path: Path) -> list[float] | None:

@@ -63,14 +63,17 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{path} holds no *.safetensors file (pickled checkpoints are not loaded)")
+def read_safetensors_dir(path: Path, error: type[Exception] = ModelLoadError) -> dict[str, torch.Tensor]:
+    """Every tensor of a directory's safetensors files (sharded via the index file
+    when present). Raises `error` for a missing, corrupt or truncated file; never
+    falls back to pickled formats."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [path / n for n in names]
+        files = [path / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise error(f"{path} holds no *.safetensors file (pickled checkpoints are not loaded)")
     out: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -78,7 +81,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
                 for k in fh.keys():
                     out[k] = fh.get_tensor(k)
         except Exception as e:  # corrupt or truncated file
-            raise ModelLoadError(f"cannot read {f}: {e}") from None
+            raise error(f"cannot read {f}: {e}") from None
     return out
 
 
@@ -127,7 +130,7 @@ def load_transformer(
         cfg = ModelConfig.from_dir(path)
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
-    sd = fuse_hf_state_dict(cfg, _read_safetensors(path))
+    sd = fuse_hf_state_dict(cfg, read_safetensors_dir(path))
     with torch.device("meta"):
         model = Transformer(cfg, max_len=1)
     model.load_state_dict(sd, strict=False, assign=True)
