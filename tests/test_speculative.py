@@ -240,3 +240,26 @@ def test_speculative_config_errors():
     with pytest.raises(UserError, match="unknown speculative-config keys"):
         SpeculativeConfig.from_dict({"method": "dspark", "bogus": 1})
     assert SpeculativeConfig(enable_adaptive_verification=True).policy == "dspark-async"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["none", "fixed", "threshold", "dspark-sync", "dspark-async"])
+def test_greedy_16_concurrent_equals_plain_under_every_policy(greedy_case, policy):
+    """16 requests decoded together with the shipped DSpark drafter: every
+    verification-length policy leaves each request's greedy output unchanged."""
+    from dspark.schedule.step_time import StepTimeTable
+
+    target, prompts, refs = greedy_case
+    # A table with a knee, so the load-aware policies admit some tokens and cut others.
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=7, verification_policy=policy,
+                             confidence_threshold=0.05)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=16, max_model_len=512), step_table=table)
+    seqs = engine.generate(prompts[:16], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:16]):
+        assert seq.output_ids == ref, policy
+    stats = engine.total_stats()
+    if policy == "none":
+        assert stats.draft_tokens == 0
+    elif policy == "fixed":
+        assert stats.draft_tokens > 0
