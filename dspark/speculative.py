@@ -6,7 +6,8 @@ omitted = the drafter shipped for the default target; "random" = a freshly
 initialised drafter, useful only for testing exactness), `num_speculative_tokens`,
 `enable_adaptive_verification` (true selects the dspark-async policy), and dspark's
 own keys `verification_policy`, `confidence_threshold`, `async_lag`,
-`prompt_lookup_max`, `prompt_lookup_min`.
+`draft_probe_every` (dspark-async: skip the drafter while it does not pay, drafting
+every N-th such step anyway; 0 never skips), `prompt_lookup_max`, `prompt_lookup_min`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class SpeculativeConfig:
     verification_policy: str | None = None
     confidence_threshold: float = 0.5
     async_lag: int = 2
+    draft_probe_every: int = 8
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
 
@@ -43,6 +45,9 @@ class SpeculativeConfig:
             raise UserError(f"num_speculative_tokens must be an integer in 1..64, got {n!r}")
         if self.verification_policy is not None and self.verification_policy not in POLICIES:
             raise UserError(f"unknown verification_policy {self.verification_policy!r}; choose one of {', '.join(POLICIES)}")
+        p = self.draft_probe_every
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise UserError(f"draft_probe_every must be a non-negative integer, got {p!r}")
         if not 0 < self.confidence_threshold < 1:
             raise UserError(f"confidence_threshold must be in (0, 1), got {self.confidence_threshold!r}")
         if self.method == "mtp" and n not in (None, 1):

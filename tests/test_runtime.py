@@ -55,7 +55,8 @@ def test_hidden_states_match_transformers(tiny_hf):
         torch.testing.assert_close(hidden[:, j], ref[layer + 1][0], atol=TINY_ATOL, rtol=0)
 
 
-def test_flat_batch_equals_each_request_alone(tiny_hf):
+@pytest.mark.parametrize("num_slots", [6, 12])  # slot-major attention; gathered slots
+def test_flat_batch_equals_each_request_alone(tiny_hf, num_slots):
     kind, path, _ = tiny_hf
     model = load_transformer(path, torch.float32)
     g = torch.Generator().manual_seed(2)
@@ -64,9 +65,10 @@ def test_flat_batch_equals_each_request_alone(tiny_hf):
     for p in prompts:
         c = KVCachePool(model.cfg, 1, 64, torch.float32)
         alone.append(_run(model, c, [p], [0], [c.allocate(0)])[0])
-    # Non-contiguous, shuffled slots exercise the gather path.
-    cache = KVCachePool(model.cfg, 6, 64, torch.float32)
-    slots = [cache.allocate(i) for i in range(6)]
+    # Non-contiguous, shuffled slots: with 6 slots the batch holds at least half of
+    # them and attention runs over every slot; with 12 the slots are gathered.
+    cache = KVCachePool(model.cfg, num_slots, 64, torch.float32)
+    slots = [cache.allocate(i) for i in range(num_slots)]
     use = [slots[4], slots[1], slots[5], slots[2]]
     together = _run(model, cache, prompts, [0] * 4, use)
     for a, b in zip(alone, together):
@@ -155,3 +157,30 @@ def test_uninitialised_cache_memory_never_leaks_into_attention(tiny_hf):
     for p, got in zip(prompts, together):
         c = KVCachePool(model.cfg, 1, 64, torch.float32)
         torch.testing.assert_close(got, _run(model, c, [p], [0], [c.allocate(0)])[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("queries", [1, 5])
+def test_grouped_attention_matches_sdpa(dtype, queries):
+    """The half-precision CPU decode path against SDPA computed in fp32."""
+    import torch.nn.functional as F
+
+    from dspark.runtime.attention import attention, grouped_attention
+
+    g = torch.Generator().manual_seed(queries)
+    b, h, kvh, d, length = 3, 9, 3, 64, 40
+    q = torch.randn(b, h, queries, d, generator=g)
+    k = torch.randn(b, kvh, length, d, generator=g)
+    v = torch.randn(b, kvh, length, d, generator=g)
+    ends = torch.tensor([40, 17, 29])  # per request: how many keys the last query sees
+    pos = ends.view(b, 1) - queries + torch.arange(queries).view(1, queries)
+    mask = (torch.arange(length).view(1, 1, length) < (pos + 1).unsqueeze(-1)).unsqueeze(1)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    for fn in (grouped_attention, attention):
+        out = fn(q.to(dtype), k.to(dtype), v.to(dtype), mask)
+        assert out.dtype == dtype and out.shape == ref.shape
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    # and without a mask
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(grouped_attention(q.to(dtype), k.to(dtype), v.to(dtype), None).float(), ref,
+                               atol=2e-2, rtol=2e-2)

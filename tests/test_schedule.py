@@ -441,3 +441,27 @@ def test_lossless_policies_keep_the_target_distribution(make, table, seed, used)
     assert set(np.flatnonzero(lengths).tolist()) == used
     assert first_token_tv(joint) < 0.015
     assert chi_square_p_value(joint) > 1e-3
+
+
+def test_async_skips_the_drafter_while_it_does_not_pay_and_probes():
+    # drafting costs 30 ms on a 10 ms target step: worth it only with confident drafts
+    table = StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=1.0, max_tokens=64, drafter_ms=30.0)
+    doubtful = survival_from([[0.2] * 4] * 2)
+    confident = survival_from([[0.99] * 4] * 2)
+    policy = DSparkAsync(table, lag=1, probe_every=3)
+    assert policy.should_draft(2, 4)  # nothing seen yet
+    policy.choose(doubtful)
+    decisions = [policy.should_draft(2, 4) for _ in range(6)]
+    assert decisions == [False, False, True, False, False, True]  # a probe every third step
+    assert policy.skipped_steps == 4
+    policy.choose(confident)
+    assert policy.should_draft(2, 4)
+    never = DSparkAsync(table, lag=1, probe_every=0)
+    never.choose(doubtful)
+    assert never.should_draft(2, 4)
+    # without a drafter cost any useful draft pays: never skip
+    free = DSparkAsync(StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=1.0, max_tokens=64), lag=1)
+    free.choose(doubtful)
+    assert free.should_draft(2, 4)
+    with pytest.raises(ScheduleError, match="probe_every"):
+        DSparkAsync(table, probe_every=-1)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark.runtime.attention import attention
 from dspark.runtime.config import ModelConfig
 from dspark.runtime.model import RMSNorm, rope_inv_freq, rotate_half
 
@@ -87,7 +88,7 @@ class Attention(nn.Module):
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, kv_heads, Q, hd]
         keys = k if past_k is None else torch.cat([past_k, k], dim=2)
         values = v if past_v is None else torch.cat([past_v, v], dim=2)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        o = attention(q, keys, values, mask)
         o = o.transpose(1, 2).flatten(2)  # [B, Q, q_size]
         return self.o_proj(o), k, v
 

@@ -67,7 +67,8 @@ class LLMEngine:
             step_table = load_or_profile(target, drafter, self.config.max_num_seqs, gamma)
         policy = make_policy(policy_name, table=step_table, gamma=gamma,
                              threshold=spec.confidence_threshold if spec else 0.5,
-                             lag=spec.async_lag if spec else 2)
+                             lag=spec.async_lag if spec else 2,
+                             probe_every=spec.draft_probe_every if spec else 8)
         self.runner = SpecRunner(target.model, cache, drafter, policy, gamma)
         self.policy = policy
         self.waiting: deque[Sequence] = deque()

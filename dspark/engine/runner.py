@@ -55,7 +55,7 @@ class SpecRunner:
 
     # --- one step --------------------------------------------------------------
     def _verify_lengths(self, decodes: list[Sequence]) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
-        if not decodes or self.num_spec == 0:
+        if not decodes or self.num_spec == 0 or not self.policy.should_draft(len(decodes), self.num_spec):
             return [0] * len(decodes), None, None
         out = self.drafter.draft(
             [DraftRequest(s.request_id, s.anchor, s.num_cached, s.params, s.generator) for s in decodes],

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import attention
 from .batch import FlatBatch
 from .config import ModelConfig
 from .kv_cache import KVCachePool
@@ -103,7 +104,7 @@ class DecoderLayer(nn.Module):
         keys = layout.gather(k_cache)  # [R, kv_heads, L, head_dim]
         values = layout.gather(v_cache)
         qp = layout.pad_queries(q)  # [R, heads, Qmax, head_dim]
-        o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=layout.mask, enable_gqa=True)
+        o = attention(qp, keys, values, layout.mask)
         o = layout.unpad(o).reshape(n, cfg.q_size)
         x = x + self.o_proj(o)
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
@@ -111,12 +112,18 @@ class DecoderLayer(nn.Module):
 
 
 class _AttnLayout:
-    """Index bookkeeping shared by every layer of one forward."""
+    """Index bookkeeping shared by every layer of one forward.
 
-    def __init__(self, batch: FlatBatch, device: torch.device) -> None:
+    Requests in consecutive slots read their keys as a view of the cache. Otherwise
+    the keys of the batch's slots must be gathered (a copy per layer) unless the
+    batch holds at least half of all slots: then attention runs "slot-major" over
+    every slot of the cache, a view again, with queries placed at their slot's row
+    and unused slots attending to key 0 only (their output is dropped).
+    """
+
+    def __init__(self, batch: FlatBatch, device: torch.device, num_slots: int | None = None) -> None:
         lens = batch.seq_lens
         r = batch.num_requests
-        self.r = r
         self.qmax = max(lens)
         self.positions = batch.positions
         slots = torch.tensor(batch.slots, dtype=torch.long, device=device)
@@ -125,21 +132,30 @@ class _AttnLayout:
         self.token_slots = slots[req_of_token]
         cu = torch.tensor(batch.cu_seqlens[:-1], dtype=torch.long, device=device)
         offset_in_req = torch.arange(batch.input_ids.numel(), device=device) - cu[req_of_token]
-        self.flat_rows = req_of_token * self.qmax + offset_in_req  # row in the padded [R*Qmax]
-        self.padded = not all(n == self.qmax for n in lens)
-        qpos = torch.zeros(r * self.qmax, dtype=torch.long, device=device)
+        s0 = batch.slots[0]
+        self.slot_range = (s0, s0 + r) if batch.slots == list(range(s0, s0 + r)) else None
+        self.slot_major = self.slot_range is None and num_slots is not None and 2 * r >= num_slots
+        if self.slot_major:
+            self.r = num_slots
+            self.flat_rows = self.token_slots * self.qmax + offset_in_req  # row in the padded [S*Qmax]
+            self.padded = True
+        else:
+            self.r = r
+            self.flat_rows = req_of_token * self.qmax + offset_in_req  # row in the padded [R*Qmax]
+            self.padded = not all(n == self.qmax for n in lens)
+        qpos = torch.zeros(self.r * self.qmax, dtype=torch.long, device=device)
         qpos[self.flat_rows] = batch.positions
-        qpos = qpos.view(r, self.qmax)
+        qpos = qpos.view(self.r, self.qmax)
         self.kv_len = max(batch.positions.tolist()) + 1
         key_idx = torch.arange(self.kv_len, device=device)
         mask = key_idx.view(1, 1, -1) <= qpos.unsqueeze(-1)  # [R, Qmax, L]
         # A single query that sees its whole (shared-length) context needs no mask.
         self.mask = None if bool(mask.all()) else mask.unsqueeze(1)
-        s0 = batch.slots[0]
-        self.slot_range = (s0, s0 + r) if batch.slots == list(range(s0, s0 + r)) else None
         self.slots = slots
 
     def gather(self, cache: torch.Tensor) -> torch.Tensor:
+        if self.slot_major:
+            return cache[:, :, : self.kv_len]
         if self.slot_range is not None:
             return cache[self.slot_range[0] : self.slot_range[1], :, : self.kv_len]
         return cache[:, :, : self.kv_len].index_select(0, self.slots)
@@ -249,7 +265,7 @@ class Transformer(nn.Module):
                 raise ValueError(f"slot {s}: position {first} skips past the cache length {cache.lengths[s]}")
             cache.check_room(s, first + (b - a) - cache.lengths[s])
         self.ensure_rope(cache.max_len)
-        layout = _AttnLayout(batch, self.device)
+        layout = _AttnLayout(batch, self.device, cache.num_slots)
         cache.ensure_initialized(layout.kv_len)
         x = self.embed_tokens(batch.input_ids)
         dtype = x.dtype

@@ -92,6 +92,12 @@ class VerifyLengthPolicy:
     def choose(self, survival: SurvivalLike) -> list[int]:
         raise NotImplementedError
 
+    def should_draft(self, num_requests: int, num_drafted: int) -> bool:
+        """Whether to run the drafter at all this step, decided BEFORE drafting (so
+        from past steps only, which keeps it lossless). False means every request
+        verifies 0 tokens and the drafter's cost is saved."""
+        return True
+
     def reset(self) -> None:
         """Forget any state carried between steps."""
 
@@ -212,12 +218,27 @@ class DSparkAsync(VerifyLengthPolicy):
     Until `lag` steps have been seen the budget is `warmup_length` tokens per request
     (None: all drafted tokens), the plain fixed-length behaviour. Steps without
     requests or drafts are not recorded. `last_budget` is the B of the latest step.
+
+    Skipping the drafter. Drafting itself costs time (the table's drafter curve). When
+    the lagged survivals say that the best budget does not pay for it, i.e. plain
+    decoding R / target_time(R) beats every expected(B) / (target_time(R + B) +
+    drafter_time(R)), `should_draft` returns False and the step runs without a
+    draft. Every `probe_every`-th step in a row that would be skipped drafts anyway,
+    to refresh the survivals the decision rests on (0 never skips). Both decisions
+    use past steps only, so they are lossless like the budget.
     """
 
     name = "dspark-async"
 
-    def __init__(self, table: StepTimeTable, lag: int = 2, warmup_length: int | None = None) -> None:
+    def __init__(
+        self, table: StepTimeTable, lag: int = 2, warmup_length: int | None = None, probe_every: int = 8
+    ) -> None:
         self.table = _check_table(table, self.name)
+        if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
+            raise ScheduleError(f"probe_every must be a non-negative integer, got {probe_every!r}")
+        self.probe_every = probe_every
+        self._skipped = 0
+        self.skipped_steps = 0
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ScheduleError(
                 f"lag must be an integer >= 1, got {lag!r}: a budget from the current step's "
@@ -236,19 +257,38 @@ class DSparkAsync(VerifyLengthPolicy):
     def reset(self) -> None:
         self._history.clear()
         self.last_budget = None
+        self._skipped = 0
+
+    def _rates(self, num_requests: int, num_drafted: int) -> np.ndarray:
+        """Expected tokens per second at every budget 0..R*G, drafter cost included,
+        from the step `lag` back (which must exist)."""
+        cum_gain, lagged_requests = self._history[0]  # [R'*G'+1], R'
+        budgets = np.arange(num_requests * num_drafted + 1)  # [R*G+1]
+        entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
+        per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
+        expected = num_requests * (1.0 + per_request)
+        return expected / self.table.step_times(num_requests + budgets, num_requests)
 
     def budget(self, num_requests: int, num_drafted: int) -> int:
         """B for a step of `num_requests` x `num_drafted`, from the step `lag` back."""
         if len(self._history) < self.lag:
             per_request = num_drafted if self.warmup_length is None else min(self.warmup_length, num_drafted)
             return num_requests * per_request
-        cum_gain, lagged_requests = self._history[0]  # [R'*G'+1], R'
-        budgets = np.arange(num_requests * num_drafted + 1)  # [R*G+1]
-        entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
-        per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
-        expected = num_requests * (1.0 + per_request)
-        rate = expected / self.table.step_times(num_requests + budgets, num_requests)
-        return int(rate.argmax())  # first maximum: the cheapest of equally good budgets
+        return int(self._rates(num_requests, num_drafted).argmax())  # first maximum: the cheapest
+
+    def should_draft(self, num_requests: int, num_drafted: int) -> bool:
+        if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or len(self._history) < self.lag:
+            return True
+        plain = num_requests / self.table.target_time(num_requests)
+        if self._rates(num_requests, num_drafted).max() > plain:
+            self._skipped = 0
+            return True
+        self._skipped += 1
+        if self._skipped >= self.probe_every:
+            self._skipped = 0
+            return True
+        self.skipped_steps += 1
+        return False
 
     def choose(self, survival: SurvivalLike) -> list[int]:
         s = as_survival(survival)  # [R, G]
@@ -269,12 +309,15 @@ def make_policy(
     gamma: int | None = None,
     threshold: float = 0.5,
     lag: int = 2,
+    probe_every: int = 8,
 ) -> VerifyLengthPolicy:
     """The policy called `name` (one of POLICY_NAMES).
 
     gamma: the fixed length for `fixed` and the warm-up length for `dspark-async`
     (None: every drafted token). threshold: the survival threshold of `threshold`.
     lag: how many steps old the survivals behind `dspark-async`'s budget are.
+    probe_every: `dspark-async` skips the drafter while it does not pay and drafts
+    every probe_every-th such step anyway (0: never skip).
     The `dspark-*` policies need `table`.
     """
     if name == "none":
@@ -286,5 +329,5 @@ def make_policy(
     if name == "dspark-sync":
         return DSparkSync(_check_table(table, name))
     if name == "dspark-async":
-        return DSparkAsync(_check_table(table, name), lag=lag, warmup_length=gamma)
+        return DSparkAsync(_check_table(table, name), lag=lag, warmup_length=gamma, probe_every=probe_every)
     raise ScheduleError(f"unknown verification policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
