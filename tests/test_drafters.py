@@ -234,6 +234,7 @@ def test_backbone_runs_once_per_draft(target):
 def test_markov_bias_is_added_exactly(target):
     seq = sequence(5)
     d = fresh("dspark", target, seq, 14)
+    d.markov_candidates = 0  # the full-vocabulary head, as in training
     params = SamplingParams(temperature=1.0)
     n = d.max_draft_tokens
     out = d.draft([request("r", seq, 14, params, seed=3)], n)
@@ -253,6 +254,47 @@ def test_markov_bias_is_added_exactly(target):
 
 
 @pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_candidate_restricted_markov_head(target, head):
+    """Drafting with the Markov bias on the backbone's top-C tokens only: the returned
+    logits are the full head's logits on exactly those tokens and -inf elsewhere,
+    greedy tokens are their argmax, and C = vocabulary is the full head."""
+    seq = sequence(7)
+    d = fresh("dspark", target, seq, 14, markov_head_type=head)
+    n = d.max_draft_tokens
+    greedy = SamplingParams(temperature=0.0)
+    d.markov_candidates = 0
+    full = d.draft([request("r", seq, 14, greedy)], n)
+    d.markov_candidates = VOCAB
+    assert torch.equal(d.draft([request("r", seq, 14, greedy)], n).tokens, full.tokens)
+    d.markov_candidates = 10
+    for params in (greedy, SamplingParams(temperature=1.0, top_k=5)):
+        out = d.draft([request("r", seq, 14, params, seed=4)], n)
+        finite = torch.isfinite(out.logits[0])  # [n, vocab]
+        assert (finite.sum(-1) == 10).all()
+        # the full head's logits, teacher-forced on the tokens this draft chose
+        d.markov_candidates = 0
+        with torch.no_grad():
+            base = d.target.logits(d.norm(d.run_backbone(
+                d.target.embed(d.block_token_ids(torch.tensor([seq[14]])), d.dtype),
+                14 + torch.arange(d.config.block_size)[None],
+                [(d.pool.k[i][:1, :, :14], d.pool.v[i][:1, :, :14]) for i in range(len(d.layers))], None,
+            )[:, 1 : 1 + n]))[0]  # [n, vocab]
+            prev = torch.cat([torch.tensor([seq[14]]), out.tokens[0, :-1]])
+            h = d.norm(d.run_backbone(
+                d.target.embed(d.block_token_ids(torch.tensor([seq[14]])), d.dtype),
+                14 + torch.arange(d.config.block_size)[None],
+                [(d.pool.k[i][:1, :, :14], d.pool.v[i][:1, :, :14]) for i in range(len(d.layers))], None,
+            )[:, 1 : 1 + n])
+            want, _ = d.head_outputs(h, prev[None])
+        d.markov_candidates = 10
+        assert torch.equal(finite, torch.zeros_like(finite).scatter_(1, base.topk(10, -1).indices, True))
+        torch.testing.assert_close(out.logits[0][finite], want[0][finite], atol=1e-4, rtol=0)
+        assert finite.gather(1, out.tokens[0][:, None]).all()  # every token is a candidate
+        if params.greedy:
+            assert torch.equal(out.tokens[0], out.logits[0].argmax(-1))
+
+
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
 @pytest.mark.parametrize("with_markov", [True, False])
 def test_training_pieces_reproduce_the_draft(target, head, with_markov):
     """Teacher forcing with the drafted tokens through the training API gives the
@@ -260,6 +302,7 @@ def test_training_pieces_reproduce_the_draft(target, head, with_markov):
     seq = sequence(6)
     p = 13
     d = fresh("dspark", target, seq, p, markov_head_type=head, confidence_head_with_markov=with_markov)
+    d.markov_candidates = 0  # the full-vocabulary head, as in training
     d.confidence_head.set_temperatures([0.5 + 0.25 * k for k in range(d.max_draft_tokens)])
     out = d.draft([request("r", seq, p, SamplingParams(temperature=1.0), seed=1)], d.max_draft_tokens)
     with torch.no_grad():
@@ -396,7 +439,7 @@ def test_public_release_layout_for_a_qwen3_target(tmp_path):
     d.add_request("r")
     feed(d, target, "r", seq, 0, 9)
     out = d.draft([request("r", seq, 9)], gamma)
-    assert out.tokens.shape == (1, gamma) and torch.isfinite(out.logits).all()
+    assert out.tokens.shape == (1, gamma) and (torch.isfinite(out.logits).sum(-1) == min(64, out.logits.shape[-1])).all()
     assert ((out.confidence > 0) & (out.confidence < 1)).all()
 
 
@@ -454,4 +497,5 @@ def test_default_model_drafters(default_target):
     d.append_context(["r"], [ids], [0], hidden)
     out = d.draft([DraftRequest("r", anchor, len(ids), SamplingParams(), None)], d.max_draft_tokens)
     assert out.tokens.shape == (1, 7) and out.logits.shape == (1, 7, tgt.cfg.vocab_size)
-    assert torch.isfinite(out.logits).all() and ((out.confidence > 0) & (out.confidence < 1)).all()
+    assert (torch.isfinite(out.logits).sum(-1) == d.markov_candidates).all()  # the candidates
+    assert ((out.confidence > 0) & (out.confidence < 1)).all()

@@ -41,6 +41,16 @@ from .token_choice import choose_tokens
 
 
 class DSparkDrafter(KVDrafter):
+    #: Drafting restricts the Markov head to this many candidates per position: the
+    #: top tokens of the backbone logits. The bias W2·z is then computed for those
+    #: tokens only, instead of a rank x vocab product per drafted token, the part of a
+    #: draft that is memory-bound on a CPU. The drafted token is drawn from, and the
+    #: returned logits are, the restricted distribution (-inf elsewhere), so the
+    #: verifier sees exactly the q the token came from and decoding stays lossless;
+    #: only a token that the Markov bias would lift from outside the candidates is no
+    #: longer proposed. 0 = the full vocabulary (the training-time head).
+    markov_candidates: int = 64
+
     def __init__(self, config: DrafterConfig, target: TargetParts) -> None:
         super().__init__(config, target)
         if config.method not in ("dspark", "dflash"):
@@ -157,12 +167,27 @@ class DSparkDrafter(KVDrafter):
 
         tokens, logits, latents = [], [], []
         prev, latent = anchors, None
+        num_cand = self.markov_candidates
+        restrict = self.markov_head is not None and 0 < num_cand < base.shape[-1]
+        if restrict:
+            cand = base.topk(num_cand, dim=-1).indices  # [R, n, C]
+            base_cand = base.gather(-1, cand)  # [R, n, C]
+            w2 = self.markov_head.markov_w2.weight  # [vocab, rank]
         for k in range(num_tokens):
             step = base[:, k]
             if self.markov_head is not None:
                 latent = self.markov_head.latent(prev, h[:, k], latent)  # [R, rank]
-                step = step + self.markov_head.bias(latent).float()
                 latents.append(latent)
+                if restrict:
+                    c = cand[:, k]  # [R, C]
+                    bias = torch.bmm(w2[c], latent.to(w2.dtype).unsqueeze(-1)).squeeze(-1)  # [R, C]
+                    step_cand = base_cand[:, k] + bias.float()
+                    prev = c.gather(1, choose_tokens(step_cand, requests).unsqueeze(1)).squeeze(1)
+                    step = torch.full_like(step, float("-inf")).scatter_(1, c, step_cand)
+                    tokens.append(prev)
+                    logits.append(step)
+                    continue
+                step = step + self.markov_head.bias(latent).float()
             prev = choose_tokens(step, requests)
             tokens.append(prev)
             logits.append(step)
