@@ -184,3 +184,26 @@ def test_grouped_attention_matches_sdpa(dtype, queries):
     ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(grouped_attention(q.to(dtype), k.to(dtype), v.to(dtype), None).float(), ref,
                                atol=2e-2, rtol=2e-2)
+
+
+def test_prefill_next_to_decodes_attends_in_groups(tiny_hf):
+    """A long prompt (over the short-query limit) in the same forward as decoding and
+    verifying requests: each still equals its request alone."""
+    from dspark.runtime.attention import GROUPED_MAX_QUERIES
+
+    kind, path, _ = tiny_hf
+    model = load_transformer(path, torch.float32)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 101, (n,), generator=g).tolist() for n in (6, 11, 3)]
+    cache = KVCachePool(model.cfg, 4, 64, torch.float32)
+    slots = [cache.allocate(i) for i in range(4)]
+    _run(model, cache, prompts, [0] * 3, slots[:3])
+    long_prompt = torch.randint(0, 101, (GROUPED_MAX_QUERIES + 9,), generator=g).tolist()
+    steps = [[7], [8, 9, 10], [12, 13], long_prompt]
+    starts = [len(p) for p in prompts] + [0]
+    mixed = _run(model, cache, steps, starts, slots)
+    for k in range(4):
+        c = KVCachePool(model.cfg, 1, 64, torch.float32)
+        full = (prompts[k] if k < 3 else []) + steps[k]
+        ref = _run(model, c, [full], [0], [c.allocate(0)])[0][starts[k]:]
+        torch.testing.assert_close(mixed[k], ref, atol=1e-5, rtol=0)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attention
+from .attention import GROUPED_MAX_QUERIES, attention
 from .batch import FlatBatch
 from .config import ModelConfig
 from .kv_cache import KVCachePool
@@ -85,7 +85,7 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,  # [N, 1, head_dim]
         k_cache: torch.Tensor,  # [slots, kv_heads, max_len, head_dim]
         v_cache: torch.Tensor,
-        layout: "_AttnLayout",
+        layout: "_AttnPlan",
     ) -> torch.Tensor:
         cfg = self.cfg
         n = x.shape[0]
@@ -101,18 +101,62 @@ class DecoderLayer(nn.Module):
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         k_cache[layout.token_slots, :, layout.positions] = k
         v_cache[layout.token_slots, :, layout.positions] = v
-        keys = layout.gather(k_cache)  # [R, kv_heads, L, head_dim]
-        values = layout.gather(v_cache)
-        qp = layout.pad_queries(q)  # [R, heads, Qmax, head_dim]
-        o = attention(qp, keys, values, layout.mask)
-        o = layout.unpad(o).reshape(n, cfg.q_size)
+        o = layout.attend(q, k_cache, v_cache).reshape(n, cfg.q_size)
         x = x + self.o_proj(o)
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
 
+class _AttnPlan:
+    """How one forward's attention runs, shared by every layer.
+
+    Requests are padded to the longest query of their group. A prefill next to
+    decodes would pad every decode to the prompt's length (and push the whole batch
+    off the grouped short-query path), so a batch that mixes short requests (at most
+    GROUPED_MAX_QUERIES new tokens: decodes, verifications) with long ones (prefills)
+    attends in two groups.
+    """
+
+    def __init__(self, batch: FlatBatch, device: torch.device, num_slots: int | None = None) -> None:
+        lens = batch.seq_lens
+        slots = torch.tensor(batch.slots, dtype=torch.long, device=device)
+        req_of_token = torch.repeat_interleave(torch.arange(len(lens), device=device),
+                                               torch.tensor(lens, dtype=torch.long, device=device))
+        self.token_slots = slots[req_of_token]
+        self.positions = batch.positions
+        short = [i for i, n in enumerate(lens) if n <= GROUPED_MAX_QUERIES]
+        if not short or len(short) == len(lens):
+            self.groups = [(None, _AttnLayout(batch, device, num_slots))]
+        else:
+            long = [i for i, n in enumerate(lens) if n > GROUPED_MAX_QUERIES]
+            self.groups = [_sub_layout(batch, idx, device, num_slots) for idx in (short, long)]
+        self.kv_len = max(lay.kv_len for _, lay in self.groups)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q [N, heads, head_dim] of the batch's tokens -> attention output, same shape."""
+        if len(self.groups) == 1:
+            return self.groups[0][1].attend(q, k_cache, v_cache)
+        out = torch.empty_like(q)
+        for rows, lay in self.groups:
+            out[rows] = lay.attend(q.index_select(0, rows), k_cache, v_cache)
+        return out
+
+
+def _sub_layout(batch: FlatBatch, requests: list[int], device: torch.device,
+                num_slots: int | None) -> tuple[torch.Tensor, "_AttnLayout"]:
+    """The token rows of `requests` in `batch` and the layout of those requests alone."""
+    cu = batch.cu_seqlens
+    rows = torch.cat([torch.arange(cu[i], cu[i + 1], device=device) for i in requests])
+    sub_cu = [0]
+    for i in requests:
+        sub_cu.append(sub_cu[-1] + cu[i + 1] - cu[i])
+    sub = FlatBatch(batch.input_ids.index_select(0, rows), batch.positions.index_select(0, rows),
+                    [batch.slots[i] for i in requests], sub_cu)
+    return rows, _AttnLayout(sub, device, num_slots)
+
+
 class _AttnLayout:
-    """Index bookkeeping shared by every layer of one forward.
+    """Index bookkeeping of one group of requests, shared by every layer.
 
     Requests in consecutive slots read their keys as a view of the cache. Otherwise
     the keys of the batch's slots must be gathered (a copy per layer) unless the
@@ -172,6 +216,11 @@ class _AttnLayout:
         r, h, qm, d = o.shape
         o = o.transpose(1, 2).reshape(r * qm, h, d)
         return o if not self.padded else o[self.flat_rows]
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q [n, heads, head_dim] of this group's tokens -> attention output [n, heads, head_dim]."""
+        o = attention(self.pad_queries(q), self.gather(k_cache), self.gather(v_cache), self.mask)
+        return self.unpad(o)
 
 
 class _PackedLinearForward:
@@ -265,7 +314,7 @@ class Transformer(nn.Module):
                 raise ValueError(f"slot {s}: position {first} skips past the cache length {cache.lengths[s]}")
             cache.check_room(s, first + (b - a) - cache.lengths[s])
         self.ensure_rope(cache.max_len)
-        layout = _AttnLayout(batch, self.device, cache.num_slots)
+        layout = _AttnPlan(batch, self.device, cache.num_slots)
         cache.ensure_initialized(layout.kv_len)
         x = self.embed_tokens(batch.input_ids)
         dtype = x.dtype
