@@ -274,17 +274,13 @@ def test_candidate_restricted_markov_head(target, head):
         # the full head's logits, teacher-forced on the tokens this draft chose
         d.markov_candidates = 0
         with torch.no_grad():
-            base = d.target.logits(d.norm(d.run_backbone(
-                d.target.embed(d.block_token_ids(torch.tensor([seq[14]])), d.dtype),
-                14 + torch.arange(d.config.block_size)[None],
-                [(d.pool.k[i][:1, :, :14], d.pool.v[i][:1, :, :14]) for i in range(len(d.layers))], None,
-            )[:, 1 : 1 + n]))[0]  # [n, vocab]
-            prev = torch.cat([torch.tensor([seq[14]]), out.tokens[0, :-1]])
             h = d.norm(d.run_backbone(
                 d.target.embed(d.block_token_ids(torch.tensor([seq[14]])), d.dtype),
                 14 + torch.arange(d.config.block_size)[None],
                 [(d.pool.k[i][:1, :, :14], d.pool.v[i][:1, :, :14]) for i in range(len(d.layers))], None,
             )[:, 1 : 1 + n])
+            base = d.target.logits(h)[0]  # [n, vocab] backbone logits alone
+            prev = torch.cat([torch.tensor([seq[14]]), out.tokens[0, :-1]])
             want, _ = d.head_outputs(h, prev[None])
         d.markov_candidates = 10
         assert torch.equal(finite, torch.zeros_like(finite).scatter_(1, base.topk(10, -1).indices, True))

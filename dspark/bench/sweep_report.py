@@ -139,15 +139,7 @@ def plot_sweep(result: dict, out_dir: Path) -> list[str]:
         if tier <= reach:  # a far-off tier would squash every curve against the axis
             ax.axvline(tier, color="grey", linestyle="--", linewidth=0.8)
     ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("per-user tok/s (median of 1/TPOT)")
-    ax.set_ylabel("aggregate output tok/s")
-    ax.set_title("Throughput against per-user speed")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / PARETO_PNG, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, out_dir / PARETO_PNG, "per-user tok/s (median of 1/TPOT)", "Throughput against per-user speed")
 
     fig, ax = plt.subplots(figsize=(7, 5))
     for name in names:
@@ -155,16 +147,21 @@ def plot_sweep(result: dict, out_dir: Path) -> list[str]:
         ax.errorbar([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine],
                     yerr=_bars(mine, "output_throughput"), marker="o", label=name, capsize=3)
     ax.set_xscale("log", base=2)
+    _finish(plt, fig, ax, out_dir / CONCURRENCY_PNG, "concurrency (requests in flight)", "Throughput against concurrency")
+    return [PARETO_PNG, CONCURRENCY_PNG]
+
+
+def _finish(plt, fig, ax, path: Path, xlabel: str, title: str) -> None:
+    """Common finish of both plots (aggregate tok/s on y from 0), saved and closed."""
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("aggregate output tok/s")
-    ax.set_title("Throughput against concurrency")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_dir / CONCURRENCY_PNG, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return [PARETO_PNG, CONCURRENCY_PNG]
 
 
 def _bars(points: list[dict], key: str) -> list[list[float]] | None:

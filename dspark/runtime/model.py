@@ -169,11 +169,10 @@ class _AttnLayout:
         lens = batch.seq_lens
         r = batch.num_requests
         self.qmax = max(lens)
-        self.positions = batch.positions
         slots = torch.tensor(batch.slots, dtype=torch.long, device=device)
         lens_t = torch.tensor(lens, dtype=torch.long, device=device)
         req_of_token = torch.repeat_interleave(torch.arange(r, device=device), lens_t)
-        self.token_slots = slots[req_of_token]
+        token_slots = slots[req_of_token]
         cu = torch.tensor(batch.cu_seqlens[:-1], dtype=torch.long, device=device)
         offset_in_req = torch.arange(batch.input_ids.numel(), device=device) - cu[req_of_token]
         s0 = batch.slots[0]
@@ -181,7 +180,7 @@ class _AttnLayout:
         self.slot_major = self.slot_range is None and num_slots is not None and 2 * r >= num_slots
         if self.slot_major:
             self.r = num_slots
-            self.flat_rows = self.token_slots * self.qmax + offset_in_req  # row in the padded [S*Qmax]
+            self.flat_rows = token_slots * self.qmax + offset_in_req  # row in the padded [S*Qmax]
             self.padded = True
         else:
             self.r = r

@@ -239,6 +239,7 @@ class DSparkAsync(VerifyLengthPolicy):
         self.probe_every = probe_every
         self._skipped = 0
         self.skipped_steps = 0
+        self._rates_cache: tuple[tuple[int, int], tuple, np.ndarray] | None = None
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ScheduleError(
                 f"lag must be an integer >= 1, got {lag!r}: a budget from the current step's "
@@ -258,16 +259,23 @@ class DSparkAsync(VerifyLengthPolicy):
         self._history.clear()
         self.last_budget = None
         self._skipped = 0
+        self._rates_cache = None
 
     def _rates(self, num_requests: int, num_drafted: int) -> np.ndarray:
         """Expected tokens per second at every budget 0..R*G, drafter cost included,
-        from the step `lag` back (which must exist)."""
+        from the step `lag` back (which must exist). `should_draft` and `budget` of one
+        step ask for the same rates; they are computed once."""
+        key, lagged = (num_requests, num_drafted), self._history[0]
+        if self._rates_cache is not None and self._rates_cache[0] == key and self._rates_cache[1] is lagged:
+            return self._rates_cache[2]
         cum_gain, lagged_requests = self._history[0]  # [R'*G'+1], R'
         budgets = np.arange(num_requests * num_drafted + 1)  # [R*G+1]
         entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
         per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
         expected = num_requests * (1.0 + per_request)
-        return expected / self.table.step_times(num_requests + budgets, num_requests)
+        rates = expected / self.table.step_times(num_requests + budgets, num_requests)
+        self._rates_cache = (key, lagged, rates)
+        return rates
 
     def budget(self, num_requests: int, num_drafted: int) -> int:
         """B for a step of `num_requests` x `num_drafted`, from the step `lag` back."""
