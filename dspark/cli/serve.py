@@ -81,5 +81,4 @@ def run(args: argparse.Namespace) -> int:
         "serving %s: max %d running and %d waiting requests of up to %d tokens, API key %s",
         " / ".join(state.model.names), config.engine.max_num_seqs, config.engine.max_waiting,
         config.engine.max_model_len, "required" if config.api_key else "not required")
-    run_server(app, config.host, config.port, config.shutdown_timeout)
-    return 0
+    return 0 if run_server(app, config.host, config.port, config.shutdown_timeout) else 1

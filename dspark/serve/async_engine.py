@@ -1,6 +1,10 @@
 """The engine on its own thread, fed by asyncio handlers.
 
-`LLMEngine` is single-threaded; exactly one background thread owns it. Handlers
+`LLMEngine` is single-threaded; exactly one thread owns it: a background thread
+(`start`, for tests and in-process servers) or the process's main thread
+(`run_foreground`, what `dspark serve` does: on CPU, torch's OpenMP pool belongs to
+the thread that first ran a parallel region, and a forward from any other thread
+runs 1.5-1.8x slower). Handlers
 submit a `RequestStream` and abort by request id through a lock-protected inbox;
 the thread applies both between steps, so an abort frees the request's KV slot
 before the next forward. It loops `step()` while there is work and sleeps on a
@@ -119,14 +123,29 @@ class AsyncEngine:
         self._stats = engine.total_stats()
         self._last_log = time.monotonic()
         self._thread: threading.Thread | None = None
+        self._foreground = False  # run_foreground owns the loop; start() does nothing
+        self._done = threading.Event()
 
     # --- handler side ------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None or self._foreground:
             return
         # A daemon, so that a forced exit (second Ctrl-C) never hangs on it.
         self._thread = threading.Thread(target=self._run, name="dspark-engine", daemon=True)
         self._thread.start()
+
+    def claim_foreground(self) -> None:
+        """Mark the calling thread as the engine's owner before the app starts, so the
+        lifespan does not spawn a thread; then call `run_foreground` on it."""
+        self._foreground = True
+        self._thread = threading.current_thread()
+
+    def run_foreground(self, keep_running=lambda: True) -> None:
+        """The engine loop on the calling thread, until `shutdown` or until
+        `keep_running()` turns false (checked at least every half second)."""
+        if not self._foreground:
+            self.claim_foreground()
+        self._run(keep_running)
 
     @property
     def alive(self) -> bool:
@@ -151,15 +170,25 @@ class AsyncEngine:
             self._stopping = True
             self._cond.notify()
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._done.wait(timeout)
 
     # --- engine thread -------------------------------------------------------------
-    def _run(self) -> None:
-        log.info("engine thread started")
+    def _run(self, keep_running=lambda: True) -> None:
+        try:
+            self._loop(keep_running)
+        finally:
+            self._done.set()
+
+    def _loop(self, keep_running) -> None:
+        log.info("engine loop started on thread %s", threading.current_thread().name)
         while True:
+            if not keep_running():
+                with self._cond:
+                    self._stopping = True
             with self._cond:
                 if not (self._inbox or self._aborts or self._stopping or self.engine.has_unfinished()):
-                    self._cond.wait(timeout=self._until_next_log())
+                    wait = self._until_next_log()
+                    self._cond.wait(timeout=0.5 if self._foreground and (wait is None or wait > 0.5) else wait)
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
                 stopping = self._stopping
@@ -174,7 +203,7 @@ class AsyncEngine:
             except Exception as e:  # a bug in this loop itself: fail everything, keep serving
                 log.exception("engine loop error; failing every request in flight")
                 self._fail_all(inbox, f"internal error: {type(e).__name__}: {e}")
-        log.info("engine thread stopped")
+        log.info("engine loop stopped")
 
     def _iterate(self, inbox: list[RequestStream], aborts: list[str]) -> None:
         # New requests first, so an abort that raced its own submission still finds it.

@@ -1,12 +1,14 @@
-"""Running the app under uvicorn: in the foreground (the CLI) or on a thread.
+"""Running the app under uvicorn: for the CLI (HTTP on a thread, the engine loop on
+the main thread) or entirely on a background thread (tests, in-process clients).
 
 Shutdown on SIGINT/SIGTERM is uvicorn's: stop accepting connections, give
 in-flight requests `shutdown_timeout` seconds, then end the lifespan, which fails
-whatever is left with an explicit error and stops the engine thread.
+whatever is left with an explicit error and stops the engine loop.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 
@@ -14,11 +16,26 @@ import uvicorn
 from fastapi import FastAPI
 
 
-def run_server(app: FastAPI, host: str, port: int, shutdown_timeout: float = 30.0) -> None:
-    """Serve until SIGINT/SIGTERM."""
+def run_server(app: FastAPI, host: str, port: int, shutdown_timeout: float = 30.0) -> bool:
+    """Serve until SIGINT/SIGTERM, with the engine loop on the calling (main) thread
+    and uvicorn's event loop on another; False if the server could not start (e.g.
+    the port is taken; uvicorn has logged why)."""
     config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                             timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    engine = app.state.dspark.async_engine
+    engine.claim_foreground()
+    http = threading.Thread(target=server.run, name="dspark-http", daemon=True)
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        http.start()
+        # The loop ends when the lifespan shuts it down, or when uvicorn ends without one.
+        engine.run_foreground(keep_running=http.is_alive)
+        http.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return server.started
 
 
 class ServerThread:
