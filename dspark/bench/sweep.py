@@ -29,6 +29,7 @@ from pathlib import Path
 from .dataset import DatasetError, jsonl_prompts, heldout_prompts, sample_prompts
 from .runner import BenchError, LoadConfig, run_benchmark
 from .server_process import ServerProcess, ServerStartError, dspark_serve_command, free_port
+from .sweep_report import _usable, write_outputs
 
 #: the configurations a sweep compares by default, with the drafters shipped for the model
 DEFAULT_CONFIGS: dict[str, dict | None] = {
@@ -122,6 +123,8 @@ class SweepConfig:
     server_args: list[str] = field(default_factory=list)
     server_timeout: float = 900.0
     grace_period: float = 30.0
+    #: the configuration others are compared with in the report (None: `none`, else the first)
+    reference: str | None = None
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -142,6 +145,8 @@ class SweepConfig:
             raise BenchError(f"--num-warmups must be >= 0, got {self.num_warmups}")
         if not self.server_timeout > 0 or self.grace_period < 0:
             raise BenchError("--server-timeout must be > 0 and --grace-period >= 0 seconds")
+        if self.reference is not None and self.reference not in names:
+            raise BenchError(f"--reference {self.reference!r} is not one of the configurations {names}")
 
     def prompts_at(self, concurrency: int) -> int:
         return self.num_prompts or max(16, 4 * concurrency)
@@ -156,13 +161,13 @@ class SweepConfig:
         return {"concurrencies": self.concurrencies, "tiers": self.tiers, "repeats": self.repeats,
                 "num_prompts": self.num_prompts or "max(16, 4 x concurrency)",
                 "num_warmups": "concurrency" if self.num_warmups is None else self.num_warmups,
-                "server_args": self.server_args, "server_timeout_s": self.server_timeout, "load": load}
+                "server_args": self.server_args, "server_timeout_s": self.server_timeout, "load": load,
+                "reference": self.reference}
 
 
 def run_sweep(cfg: SweepConfig, log=None) -> dict:
     """Run the sweep, writing sweep.json, sweep.md and the plots into `cfg.out_dir`
     after every configuration; returns what sweep.json holds."""
-    from .sweep_report import write_outputs
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -185,10 +190,48 @@ def run_sweep(cfg: SweepConfig, log=None) -> dict:
         except (ServerStartError, BenchError) as e:
             entry["status"], entry["error"] = "failed", str(e)
             log(f"[{server.name}] FAILED: {e}")
-        result["tiers"] = tier_table(result["points"], cfg.tiers, [c.name for c in cfg.configs])
-        mark_pareto(result["points"])
-        write_outputs(result, cfg.out_dir)
+        write_report(result, cfg.out_dir)
     return result
+
+
+def write_report(result: dict, out_dir: Path) -> None:
+    """Recompute the Pareto marks and the tier table of `result`, then write it."""
+    result["tiers"] = tier_table(result["points"], result["sweep"]["tiers"], [c["name"] for c in result["configs"]])
+    mark_pareto(result["points"])
+    write_outputs(result, out_dir)
+
+
+#: load settings that must agree for points of several sweeps to be compared
+_COMPARABLE = ("dataset", "dataset_path", "endpoint", "max_tokens", "temperature", "ignore_eos", "seed")
+
+
+def merge_results(results: list[dict], tiers: list[float] | None = None, reference: str | None = None) -> dict:
+    """One report from several sweep.json results (e.g. a configuration measured
+    later): configurations and points are concatenated; the load settings must match."""
+    if not results:
+        raise BenchError("no sweep results to report")
+    first = results[0]
+    merged = {"sweep": json.loads(json.dumps(first["sweep"])), "configs": [], "points": [], "tiers": []}
+    for r in results:
+        for key in _COMPARABLE:
+            a, b = first["sweep"]["load"].get(key), r["sweep"]["load"].get(key)
+            if a != b:
+                raise BenchError(f"the sweeps differ in {key} ({a!r} against {b!r}); their points are not comparable")
+        for c in r["configs"]:
+            if any(m["name"] == c["name"] for m in merged["configs"]):
+                raise BenchError(f"configuration {c['name']!r} appears in more than one sweep; rename one")
+            merged["configs"].append(c)
+        merged["points"] += r["points"]
+    s = merged["sweep"]
+    s["concurrencies"] = sorted({p["concurrency"] for p in merged["points"]} | set(s["concurrencies"]))
+    s["repeats"] = max(r["sweep"]["repeats"] for r in results)
+    if tiers is not None:
+        s["tiers"] = tiers
+    if reference is not None:
+        if reference not in [c["name"] for c in merged["configs"]]:
+            raise BenchError(f"--reference {reference!r} is not a configuration of these sweeps")
+        s["reference"] = reference
+    return merged
 
 
 class _LaunchedServer:
@@ -275,10 +318,6 @@ def aggregate_runs(name: str, concurrency: int, runs: list[dict]) -> dict:
     point["pareto"] = False
     point["runs"] = runs
     return point
-
-
-def _usable(p: dict) -> bool:
-    return p.get("per_user_tps") is not None and p.get("output_throughput") is not None
 
 
 def mark_pareto(points: list[dict]) -> None:

@@ -60,6 +60,8 @@ def sweep_markdown(result: dict, plots: list[str]) -> str:
     else:
         lines += _point_lines(result["points"])
     lines += _tier_lines(result)
+    lines += _ratio_lines(result)
+    lines += _dominance_lines(result)
     failed = [c for c in result["configs"] if c["status"] != "ok"]
     if failed:
         lines += ["", "## Failed configurations", ""]
@@ -112,6 +114,92 @@ def _tier_lines(result: dict) -> list[str]:
             lines.append(f"- {name} cannot reach {', '.join(missed)} tok/s per user "
                          f"(its fastest point: {_fmt(fastest)} tok/s per user).")
     return lines
+
+
+def reference_name(result: dict) -> str | None:
+    """The configuration others are compared with: the sweep's `reference`, else
+    `none` when measured, else the first configuration."""
+    names = [c["name"] for c in result["configs"]]
+    ref = result["sweep"].get("reference")
+    if ref in names:
+        return ref
+    return "none" if "none" in names else (names[0] if names else None)
+
+
+def _ratio_lines(result: dict) -> list[str]:
+    ref = reference_name(result)
+    points = [p for p in result["points"] if _usable(p)]
+    base = {p["concurrency"]: p for p in points if p["config"] == ref}
+    if not base or len({p["config"] for p in points}) < 2:
+        return []
+    concs = sorted(base)
+    lines = ["", f"## Against {ref}", "",
+             f"Aggregate output tok/s and per-user tok/s as multiples of {ref}'s at the same concurrency "
+             "(medians over repeats): `aggregate x / per-user x`.", "",
+             "| configuration | " + " | ".join(f"c={c}" for c in concs) + " |", "|---|" + "---:|" * len(concs)]
+    for name in [c["name"] for c in result["configs"] if c["name"] != ref]:
+        mine = {p["concurrency"]: p for p in points if p["config"] == name}
+        if not mine:
+            continue
+        cells = []
+        for c in concs:
+            p, b = mine.get(c), base[c]
+            cells.append("-" if p is None else f"{p['output_throughput'] / b['output_throughput']:.2f} / "
+                                                f"{p['per_user_tps'] / b['per_user_tps']:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def dominance(result: dict, name: str, other: str) -> dict:
+    """Whether `name`'s measured points cover every point of `other`: a point is
+    covered when some point of `name` is at least as high in aggregate and per-user
+    tok/s (medians: `strict`), or when its best repeat reaches the other's median
+    (`within_noise`). Returns the uncovered concurrencies of each kind."""
+    mine = [p for p in result["points"] if p["config"] == name and _usable(p)]
+    theirs = [p for p in result["points"] if p["config"] == other and _usable(p)]
+
+    def top(p: dict, key: str) -> float:
+        return p.get("spread", {}).get(key, [p[key], p[key]])[1]
+
+    strict, noisy = [], []
+    for q in theirs:
+        if not any(p["per_user_tps"] >= q["per_user_tps"] and p["output_throughput"] >= q["output_throughput"]
+                   for p in mine):
+            strict.append(q["concurrency"])
+        if not any(top(p, "per_user_tps") >= q["per_user_tps"] and top(p, "output_throughput") >= q["output_throughput"]
+                   for p in mine):
+            noisy.append(q["concurrency"])
+    return {"strict": strict, "within_noise": noisy}
+
+
+def _dominance_lines(result: dict) -> list[str]:
+    names = [c["name"] for c in result["configs"] if any(p["config"] == c["name"] and _usable(p)
+                                                         for p in result["points"])]
+    if len(names) < 2:
+        return []
+    lines = ["", "## Frontier dominance", "",
+             "A configuration dominates another when each of the other's points is matched or beaten in both "
+             "aggregate and per-user tok/s by one of its own points (medians); *within noise* lets its best "
+             "repeat stand in for its median. Listed: the other's points left uncovered (by concurrency).", "",
+             "| configuration | dominates | dominates within noise | does not dominate |", "|---|---|---|---|"]
+    for name in names:
+        full, noisy, no = [], [], []
+        for other in names:
+            if other == name:
+                continue
+            d = dominance(result, name, other)
+            if not d["strict"]:
+                full.append(other)
+            elif not d["within_noise"]:
+                noisy.append(other)
+            else:
+                no.append(f"{other} (c={','.join(map(str, d['within_noise']))})")
+        lines.append(f"| {name} | {', '.join(full) or '-'} | {', '.join(noisy) or '-'} | {', '.join(no) or '-'} |")
+    return lines
+
+
+def _usable(p: dict) -> bool:
+    return p.get("per_user_tps") is not None and p.get("output_throughput") is not None
 
 
 def plot_sweep(result: dict, out_dir: Path) -> list[str]:

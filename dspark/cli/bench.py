@@ -1,4 +1,5 @@
-"""`dspark bench`: online serving benchmarks over HTTP (`serve`, `sweep`)."""
+"""`dspark bench`: online serving benchmarks over HTTP (`serve`, `sweep`) and
+reports from saved sweeps (`report`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="serving benchmarks against any OpenAI-compatible server")
     p.set_defaults(func=lambda _: p.print_help())
-    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep}")
+    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,report}")
 
     s = bsub.add_parser(
         "serve", help="load one running server and report latency, throughput and acceptance",
@@ -83,8 +84,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for a server's /health (default: %(default)s)")
     w.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds between SIGTERM and SIGKILL when stopping a server (default: %(default)s)")
+    w.add_argument("--reference", default=None, metavar="NAME",
+                   help="configuration the report compares the others with (default: none if swept, else the "
+                        "first)")
     _add_load_args(w)
     w.set_defaults(func=run_sweep)
+
+    r = bsub.add_parser(
+        "report", help="rewrite a sweep's table and plots, or merge several sweeps into one report",
+        description="Read one or more sweep.json files (from `dspark bench sweep`) and write sweep.json, sweep.md "
+                    "and the plots into --out, with the Pareto marks, SLA tiers, ratios against the reference "
+                    "and frontier dominance recomputed over all their configurations. Sweeps merged must share "
+                    "the load (dataset, endpoint, max tokens, temperature, ignore_eos, seed); configuration "
+                    "names must be unique across them.",
+    )
+    r.add_argument("sweeps", nargs="+", metavar="SWEEP_JSON", help="sweep.json files, in report order")
+    r.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    r.add_argument("--tiers", type=_float_list, default=None,
+                   help="SLA tiers in per-user tok/s, comma-separated (default: the first sweep's)")
+    r.add_argument("--reference", default=None, metavar="NAME",
+                   help="configuration the others are compared with (default: the first sweep's choice)")
+    r.set_defaults(func=run_report)
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
@@ -208,7 +228,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             load=_load_config(args, base_url="http://127.0.0.1"), tiers=args.tiers, repeats=args.repeats,
             num_prompts=args.num_prompts, num_warmups=args.num_warmups,
             server_args=shlex.split(args.server_args), server_timeout=args.server_timeout,
-            grace_period=args.grace_period)
+            grace_period=args.grace_period, reference=args.reference)
         with _terminate_as_exit():
             result = sweep(config)
     print((config.out_dir / "sweep.md").read_text())
@@ -219,6 +239,28 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise UserError(f"{len(failed)} of {len(configs)} configurations failed ({', '.join(failed)}); their "
                         f"errors are above and in {config.out_dir / 'sweep.md'}, their logs in "
                         f"{config.out_dir / 'logs'}")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from dspark.bench.sweep import merge_results, write_report
+    from dspark.errors import UserError
+
+    results = []
+    for name in args.sweeps:
+        try:
+            results.append(json.loads(Path(name).read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"cannot read sweep results {name}: {e}") from None
+        if not isinstance(results[-1], dict) or not {"sweep", "configs", "points"} <= set(results[-1]):
+            raise UserError(f"{name} is not a sweep.json written by `dspark bench sweep`")
+    with _user_errors():
+        merged = merge_results(results, tiers=args.tiers, reference=args.reference)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(merged, out)
+    print((out / "sweep.md").read_text())
+    print(f"wrote sweep.json, sweep.md and the plots into {out}", file=sys.stderr)
     return 0
 
 
