@@ -150,6 +150,14 @@ def test_merged_report_ratios_and_dominance(tmp_path, capsys):
     assert "| fast | none, close | - | - |" in md
     assert merged["tiers"][1]["best"] == {"none": None, "fast": {"output_throughput": 60.0, "concurrency": 1,
                                                                  "per_user_tps": 60.0}, "close": None}
+    # a configuration measured again replaces the first measurement with --replace; --drop leaves one out
+    (tmp_path / "a2.json").write_text(json.dumps(_sweep(pts("none", [(1, 50, 50, 1.0), (4, 150, 40, 1.0)]), ["none"])))
+    assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "b.json"), str(tmp_path / "a2.json"),
+                 "--replace", "--drop", "close", "--out", str(tmp_path / "d")]) == 0
+    again = json.loads((tmp_path / "d" / "sweep.json").read_text())
+    assert [c["name"] for c in again["configs"]] == ["fast", "none"]
+    assert sorted(p["output_throughput"] for p in again["points"] if p["config"] == "none") == [50, 150]
+    assert "| fast | 1.20 / 1.20 | 1.20 / 1.12 |" in (tmp_path / "d" / "sweep.md").read_text()
     # sweeps of another load, or with a name twice, are refused in one line
     (tmp_path / "c.json").write_text(json.dumps(_sweep([], ["other"], max_tokens=128)))
     assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--out", str(tmp_path)]) == 2

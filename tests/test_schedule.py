@@ -451,11 +451,14 @@ def test_async_skips_the_drafter_while_it_does_not_pay_and_probes():
     policy = DSparkAsync(table, lag=1, probe_every=3)
     assert policy.should_draft(2, 4)  # nothing seen yet
     policy.choose(doubtful)
-    decisions = [policy.should_draft(2, 4) for _ in range(6)]
-    assert decisions == [False, False, True, False, False, True]  # a probe every third step
-    assert policy.skipped_steps == 4
+    decisions = [policy.should_draft(2, 4) for _ in range(60)]
+    # probes after 3 skipped steps, then 6, 12, 24 (the cap, 8 x 3), 24
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert probes == [2, 8, 20, 44] and policy.skipped_steps == 56
     policy.choose(confident)
     assert policy.should_draft(2, 4)
+    policy.choose(doubtful)  # paying again reset the gap
+    assert [policy.should_draft(2, 4) for _ in range(3)] == [False, False, True]
     never = DSparkAsync(table, lag=1, probe_every=0)
     never.choose(doubtful)
     assert never.should_draft(2, 4)

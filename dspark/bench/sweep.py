@@ -205,11 +205,17 @@ def write_report(result: dict, out_dir: Path) -> None:
 _COMPARABLE = ("dataset", "dataset_path", "endpoint", "max_tokens", "temperature", "ignore_eos", "seed")
 
 
-def merge_results(results: list[dict], tiers: list[float] | None = None, reference: str | None = None) -> dict:
+def merge_results(results: list[dict], tiers: list[float] | None = None, reference: str | None = None,
+                  drop: list[str] = (), replace_repeated: bool = False) -> dict:
     """One report from several sweep.json results (e.g. a configuration measured
-    later): configurations and points are concatenated; the load settings must match."""
+    later): configurations and points are concatenated, less those named in `drop`;
+    a name in several sweeps is refused, or with `replace_repeated` keeps the last
+    sweep's measurement. The load settings must match."""
     if not results:
         raise BenchError("no sweep results to report")
+    unknown = sorted(set(drop) - {c["name"] for r in results for c in r["configs"]})
+    if unknown:
+        raise BenchError(f"--drop {unknown}: no such configuration in these sweeps")
     first = results[0]
     merged = {"sweep": json.loads(json.dumps(first["sweep"])), "configs": [], "points": [], "tiers": []}
     for r in results:
@@ -218,10 +224,16 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
             if a != b:
                 raise BenchError(f"the sweeps differ in {key} ({a!r} against {b!r}); their points are not comparable")
         for c in r["configs"]:
+            if c["name"] in drop:
+                continue
             if any(m["name"] == c["name"] for m in merged["configs"]):
-                raise BenchError(f"configuration {c['name']!r} appears in more than one sweep; rename one")
+                if not replace_repeated:
+                    raise BenchError(f"configuration {c['name']!r} appears in more than one sweep; rename one, "
+                                     f"or pass --replace to keep its last measurement")
+                merged["configs"] = [m for m in merged["configs"] if m["name"] != c["name"]]
+                merged["points"] = [p for p in merged["points"] if p["config"] != c["name"]]
             merged["configs"].append(c)
-        merged["points"] += r["points"]
+        merged["points"] += [p for p in r["points"] if p["config"] not in drop]
     s = merged["sweep"]
     s["concurrencies"] = sorted({p["concurrency"] for p in merged["points"]} | set(s["concurrencies"]))
     s["repeats"] = max(r["sweep"]["repeats"] for r in results)

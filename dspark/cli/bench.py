@@ -104,6 +104,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="SLA tiers in per-user tok/s, comma-separated (default: the first sweep's)")
     r.add_argument("--reference", default=None, metavar="NAME",
                    help="configuration the others are compared with (default: the first sweep's choice)")
+    r.add_argument("--drop", nargs="+", default=[], metavar="NAME",
+                   help="leave these configurations out")
+    r.add_argument("--replace", action="store_true",
+                   help="a configuration in several sweeps keeps its last sweep's measurement (e.g. one measured "
+                        "again on a quieter machine); default: refuse")
     r.set_defaults(func=run_report)
 
 
@@ -255,7 +260,8 @@ def run_report(args: argparse.Namespace) -> int:
         if not isinstance(results[-1], dict) or not {"sweep", "configs", "points"} <= set(results[-1]):
             raise UserError(f"{name} is not a sweep.json written by `dspark bench sweep`")
     with _user_errors():
-        merged = merge_results(results, tiers=args.tiers, reference=args.reference)
+        merged = merge_results(results, tiers=args.tiers, reference=args.reference, drop=args.drop,
+                               replace_repeated=args.replace)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_report(merged, out)

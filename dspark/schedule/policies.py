@@ -223,8 +223,10 @@ class DSparkAsync(VerifyLengthPolicy):
     the lagged survivals say that the best budget does not pay for it, i.e. plain
     decoding R / target_time(R) beats every expected(B) / (target_time(R + B) +
     drafter_time(R)), `should_draft` returns False and the step runs without a
-    draft. Every `probe_every`-th step in a row that would be skipped drafts anyway,
-    to refresh the survivals the decision rests on (0 never skips). Both decisions
+    draft. The `probe_every`-th step in a row that would be skipped drafts anyway,
+    to refresh the survivals the decision rests on (0 never skips); while probes
+    keep finding that drafting does not pay, the gap between them doubles, up to
+    8 x probe_every, and it is back to probe_every once drafting pays. Both decisions
     use past steps only, so they are lossless like the budget.
     """
 
@@ -237,6 +239,7 @@ class DSparkAsync(VerifyLengthPolicy):
         if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
             raise ScheduleError(f"probe_every must be a non-negative integer, got {probe_every!r}")
         self.probe_every = probe_every
+        self._probe_gap = probe_every
         self._skipped = 0
         self.skipped_steps = 0
         self._rates_cache: tuple[tuple[int, int], tuple, np.ndarray] | None = None
@@ -259,6 +262,7 @@ class DSparkAsync(VerifyLengthPolicy):
         self._history.clear()
         self.last_budget = None
         self._skipped = 0
+        self._probe_gap = self.probe_every
         self._rates_cache = None
 
     def _rates(self, num_requests: int, num_drafted: int) -> np.ndarray:
@@ -290,10 +294,12 @@ class DSparkAsync(VerifyLengthPolicy):
         plain = num_requests / self.table.target_time(num_requests)
         if self._rates(num_requests, num_drafted).max() > plain:
             self._skipped = 0
+            self._probe_gap = self.probe_every
             return True
         self._skipped += 1
-        if self._skipped >= self.probe_every:
+        if self._skipped >= self._probe_gap:
             self._skipped = 0
+            self._probe_gap = min(2 * self._probe_gap, 8 * self.probe_every)
             return True
         self.skipped_steps += 1
         return False
