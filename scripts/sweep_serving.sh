@@ -9,7 +9,7 @@ set -x
 M=$HOME/.cache/dspark/models/SmolLM2-135M-Instruct
 VLLM="VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_NUM_OF_RESERVED_CPU=0 .venv-vllm/bin/dspark-vllm serve $M --dtype bfloat16 --max-model-len 2048 --served-model-name SmolLM2-135M-Instruct --host 127.0.0.1 --port {port}"
 NGRAM='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
-dspark bench sweep --out ${OUT:-benchmarks/sweep} --concurrency ${CONC:-1,4,16,32} \
+dspark bench sweep --out ${OUT:-benchmarks/sweep-final} --concurrency ${CONC:-1,4,16,32} \
   --max-tokens ${MAXTOK:-64} --dataset ${DATASET:-mixed} --repeats ${REPEATS:-2} \
   --tiers 10,20,30,40 --server-timeout 400 \
   --configs none \
