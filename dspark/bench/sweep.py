@@ -210,7 +210,7 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
     """One report from several sweep.json results (e.g. a configuration measured
     later): configurations and points are concatenated, less those named in `drop`;
     a name in several sweeps is refused, or with `replace_repeated` keeps the last
-    sweep's measurement. The load settings must match."""
+    sweep's measurement in the first one's place. The load settings must match."""
     if not results:
         raise BenchError("no sweep results to report")
     unknown = sorted(set(drop) - {c["name"] for r in results for c in r["configs"]})
@@ -230,9 +230,11 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
                 if not replace_repeated:
                     raise BenchError(f"configuration {c['name']!r} appears in more than one sweep; rename one, "
                                      f"or pass --replace to keep its last measurement")
-                merged["configs"] = [m for m in merged["configs"] if m["name"] != c["name"]]
+                # the later measurement, in the earlier one's place
+                merged["configs"] = [c if m["name"] == c["name"] else m for m in merged["configs"]]
                 merged["points"] = [p for p in merged["points"] if p["config"] != c["name"]]
-            merged["configs"].append(c)
+            else:
+                merged["configs"].append(c)
         merged["points"] += [p for p in r["points"] if p["config"] not in drop]
     s = merged["sweep"]
     s["concurrencies"] = sorted({p["concurrency"] for p in merged["points"]} | set(s["concurrencies"]))

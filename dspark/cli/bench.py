@@ -107,8 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--drop", nargs="+", default=[], metavar="NAME",
                    help="leave these configurations out")
     r.add_argument("--replace", action="store_true",
-                   help="a configuration in several sweeps keeps its last sweep's measurement (e.g. one measured "
-                        "again on a quieter machine); default: refuse")
+                   help="a configuration in several sweeps keeps its last sweep's measurement, in its first place "
+                        "(e.g. one measured again on a quieter machine); default: refuse")
     r.set_defaults(func=run_report)
 
 

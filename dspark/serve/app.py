@@ -51,8 +51,9 @@ class ServerState:
 
 def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | None = None) -> FastAPI:
     """The app for a built engine (with HTTP options from `config`) or for a
-    `ServeConfig` (the engine is built from it). The engine thread starts and stops
-    with the app's lifespan; `app.state.dspark` is the `ServerState`."""
+    `ServeConfig` (the engine is built from it). The engine loop starts with the
+    app's lifespan on a thread of its own, unless `run_server` runs it on the main
+    thread, and stops with the lifespan; `app.state.dspark` is the `ServerState`."""
     if isinstance(engine_or_config, ServeConfig):
         config = engine_or_config
         engine = build_engine(config)

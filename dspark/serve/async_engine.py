@@ -1,4 +1,4 @@
-"""The engine on its own thread, fed by asyncio handlers.
+"""The engine on one thread, fed by asyncio handlers.
 
 `LLMEngine` is single-threaded; exactly one thread owns it: a background thread
 (`start`, for tests and in-process servers) or the process's main thread
