@@ -155,7 +155,7 @@ def test_merged_report_ratios_and_dominance(tmp_path, capsys):
     assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "b.json"), str(tmp_path / "a2.json"),
                  "--replace", "--drop", "close", "--out", str(tmp_path / "d")]) == 0
     again = json.loads((tmp_path / "d" / "sweep.json").read_text())
-    assert [c["name"] for c in again["configs"]] == ["fast", "none"]
+    assert [c["name"] for c in again["configs"]] == ["none", "fast"]
     assert sorted(p["output_throughput"] for p in again["points"] if p["config"] == "none") == [50, 150]
     assert "| fast | 1.20 / 1.20 | 1.20 / 1.12 |" in (tmp_path / "d" / "sweep.md").read_text()
     # sweeps of another load, or with a name twice, are refused in one line
