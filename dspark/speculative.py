@@ -7,7 +7,9 @@ initialised drafter, useful only for testing exactness), `num_speculative_tokens
 `enable_adaptive_verification` (true selects the dspark-async policy), and dspark's
 own keys `verification_policy`, `confidence_threshold`, `async_lag`,
 `draft_probe_every` (dspark-async: skip the drafter while it does not pay, drafting
-every N-th such step anyway; 0 never skips), `prompt_lookup_max`, `prompt_lookup_min`.
+every N-th such step anyway; 0 never skips), `markov_candidates` (dspark: the Markov
+head biases the backbone's top-N tokens per position; 0 = the full vocabulary),
+`prompt_lookup_max`, `prompt_lookup_min`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class SpeculativeConfig:
     confidence_threshold: float = 0.5
     async_lag: int = 2
     draft_probe_every: int = 8
+    markov_candidates: int | None = None  # None: the drafter's default (64)
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
 
@@ -48,6 +51,12 @@ class SpeculativeConfig:
         p = self.draft_probe_every
         if not isinstance(p, int) or isinstance(p, bool) or p < 0:
             raise UserError(f"draft_probe_every must be a non-negative integer, got {p!r}")
+        m = self.markov_candidates
+        if m is not None:
+            if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+                raise UserError(f"markov_candidates must be a non-negative integer (0 = full vocabulary), got {m!r}")
+            if self.method != "dspark":
+                raise UserError(f"markov_candidates applies to the dspark method's Markov head, not {self.method!r}")
         if not 0 < self.confidence_threshold < 1:
             raise UserError(f"confidence_threshold must be in (0, 1), got {self.confidence_threshold!r}")
         if self.method == "mtp" and n not in (None, 1):
@@ -105,6 +114,8 @@ def build_drafter(spec: SpeculativeConfig, target):
         drafter = create_drafter(spec.method, target.model, seed=0, **sizes)
     else:
         drafter = load_drafter(path, target.model)
+    if spec.markov_candidates is not None:
+        drafter.markov_candidates = spec.markov_candidates
     pack_cpu_bf16_linears(drafter)
     return drafter
 

@@ -240,6 +240,21 @@ def test_speculative_config_errors():
     with pytest.raises(UserError, match="unknown speculative-config keys"):
         SpeculativeConfig.from_dict({"method": "dspark", "bogus": 1})
     assert SpeculativeConfig(enable_adaptive_verification=True).policy == "dspark-async"
+    with pytest.raises(UserError, match="markov_candidates must be"):
+        SpeculativeConfig(markov_candidates=-1)
+    with pytest.raises(UserError, match="not 'dflash'"):
+        SpeculativeConfig(method="dflash", markov_candidates=8)
+
+
+@pytest.mark.parametrize("candidates", [0, 8])
+def test_markov_candidates_from_the_config_reach_the_drafter_and_stay_exact(greedy_case, candidates):
+    target, prompts, refs = greedy_case
+    spec = SpeculativeConfig.from_dict({"method": "dspark", "num_speculative_tokens": 5,
+                                        "markov_candidates": candidates})
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512))
+    assert engine.runner.drafter.markov_candidates == candidates
+    seqs = engine.generate(prompts[:4], SamplingParams(max_tokens=24))
+    assert [s.output_ids for s in seqs] == refs[:4]
 
 
 @pytest.mark.slow
