@@ -48,13 +48,9 @@ class SpeculativeConfig:
             raise UserError(f"num_speculative_tokens must be an integer in 1..64, got {n!r}")
         if self.verification_policy is not None and self.verification_policy not in POLICIES:
             raise UserError(f"unknown verification_policy {self.verification_policy!r}; choose one of {', '.join(POLICIES)}")
-        p = self.draft_probe_every
-        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
-            raise UserError(f"draft_probe_every must be a non-negative integer, got {p!r}")
-        m = self.markov_candidates
-        if m is not None:
-            if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-                raise UserError(f"markov_candidates must be a non-negative integer (0 = full vocabulary), got {m!r}")
+        _check_non_negative_int("draft_probe_every", self.draft_probe_every)
+        if self.markov_candidates is not None:
+            _check_non_negative_int("markov_candidates", self.markov_candidates, " (0 = full vocabulary)")
             if self.method != "dspark":
                 raise UserError(f"markov_candidates applies to the dspark method's Markov head, not {self.method!r}")
         if not 0 < self.confidence_threshold < 1:
@@ -96,6 +92,11 @@ class SpeculativeConfig:
                 f"trained drafter (see `dspark train`)"
             )
         return shipped
+
+
+def _check_non_negative_int(name: str, value, note: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"{name} must be a non-negative integer{note}, got {value!r}")
 
 
 def build_drafter(spec: SpeculativeConfig, target):

@@ -240,6 +240,8 @@ def test_speculative_config_errors():
     with pytest.raises(UserError, match="unknown speculative-config keys"):
         SpeculativeConfig.from_dict({"method": "dspark", "bogus": 1})
     assert SpeculativeConfig(enable_adaptive_verification=True).policy == "dspark-async"
+    with pytest.raises(UserError, match="draft_probe_every must be a non-negative integer"):
+        SpeculativeConfig(draft_probe_every=-1)
     with pytest.raises(UserError, match="markov_candidates must be"):
         SpeculativeConfig(markov_candidates=-1)
     with pytest.raises(UserError, match="not 'dflash'"):

@@ -19,6 +19,7 @@ throughput among its points whose per-user speed reaches the tier.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shlex
@@ -29,7 +30,7 @@ from pathlib import Path
 from .dataset import DatasetError, jsonl_prompts, heldout_prompts, sample_prompts
 from .runner import BenchError, LoadConfig, run_benchmark
 from .server_process import ServerProcess, ServerStartError, dspark_serve_command, free_port
-from .sweep_report import _usable, write_outputs
+from .sweep_report import usable_point, write_outputs
 
 #: the configurations a sweep compares by default, with the drafters shipped for the model
 DEFAULT_CONFIGS: dict[str, dict | None] = {
@@ -217,7 +218,7 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
     if unknown:
         raise BenchError(f"--drop {unknown}: no such configuration in these sweeps")
     first = results[0]
-    merged = {"sweep": json.loads(json.dumps(first["sweep"])), "configs": [], "points": [], "tiers": []}
+    merged = {"sweep": copy.deepcopy(first["sweep"]), "configs": [], "points": [], "tiers": []}
     for r in results:
         for key in _COMPARABLE:
             a, b = first["sweep"]["load"].get(key), r["sweep"]["load"].get(key)
@@ -337,9 +338,9 @@ def aggregate_runs(name: str, concurrency: int, runs: list[dict]) -> dict:
 def mark_pareto(points: list[dict]) -> None:
     """`pareto` = no other point is at least as fast per user and at least as high in
     throughput, and better in one of the two (across all configurations)."""
-    usable = [p for p in points if _usable(p)]
+    usable = [p for p in points if usable_point(p)]
     for p in points:
-        p["pareto"] = _usable(p) and not any(
+        p["pareto"] = usable_point(p) and not any(
             q is not p and q["per_user_tps"] >= p["per_user_tps"] and q["output_throughput"] >= p["output_throughput"]
             and (q["per_user_tps"] > p["per_user_tps"] or q["output_throughput"] > p["output_throughput"])
             for q in usable)
@@ -352,7 +353,7 @@ def tier_table(points: list[dict], tiers: list[float], names: list[str]) -> list
     for tier in sorted(tiers):
         best: dict[str, dict | None] = {}
         for name in names:
-            ok = [p for p in points if p["config"] == name and _usable(p) and p["per_user_tps"] >= tier]
+            ok = [p for p in points if p["config"] == name and usable_point(p) and p["per_user_tps"] >= tier]
             top = max(ok, key=lambda p: p["output_throughput"], default=None)
             best[name] = None if top is None else {"output_throughput": top["output_throughput"],
                                                    "concurrency": top["concurrency"],

@@ -128,7 +128,7 @@ def reference_name(result: dict) -> str | None:
 
 def _ratio_lines(result: dict) -> list[str]:
     ref = reference_name(result)
-    points = [p for p in result["points"] if _usable(p)]
+    points = [p for p in result["points"] if usable_point(p)]
     base = {p["concurrency"]: p for p in points if p["config"] == ref}
     if not base or len({p["config"] for p in points}) < 2:
         return []
@@ -155,8 +155,8 @@ def dominance(result: dict, name: str, other: str) -> dict:
     covered when some point of `name` is at least as high in aggregate and per-user
     tok/s (medians: `strict`), or when its best repeat reaches the other's median
     (`within_noise`). Returns the uncovered concurrencies of each kind."""
-    mine = [p for p in result["points"] if p["config"] == name and _usable(p)]
-    theirs = [p for p in result["points"] if p["config"] == other and _usable(p)]
+    mine = [p for p in result["points"] if p["config"] == name and usable_point(p)]
+    theirs = [p for p in result["points"] if p["config"] == other and usable_point(p)]
 
     def top(p: dict, key: str) -> float:
         return p.get("spread", {}).get(key, [p[key], p[key]])[1]
@@ -173,7 +173,7 @@ def dominance(result: dict, name: str, other: str) -> dict:
 
 
 def _dominance_lines(result: dict) -> list[str]:
-    names = [c["name"] for c in result["configs"] if any(p["config"] == c["name"] and _usable(p)
+    names = [c["name"] for c in result["configs"] if any(p["config"] == c["name"] and usable_point(p)
                                                          for p in result["points"])]
     if len(names) < 2:
         return []
@@ -198,13 +198,14 @@ def _dominance_lines(result: dict) -> list[str]:
     return lines
 
 
-def _usable(p: dict) -> bool:
+def usable_point(p: dict) -> bool:
+    """A point with both figures of the frontier (a failed point has neither)."""
     return p.get("per_user_tps") is not None and p.get("output_throughput") is not None
 
 
 def plot_sweep(result: dict, out_dir: Path) -> list[str]:
     """Write the two plots; returns their file names (none when there is nothing to plot)."""
-    points = [p for p in result["points"] if p["per_user_tps"] is not None and p["output_throughput"] is not None]
+    points = [p for p in result["points"] if usable_point(p)]
     if not points:
         return []
     import matplotlib

@@ -182,13 +182,12 @@ class AsyncEngine:
     def _loop(self, keep_running) -> None:
         log.info("engine loop started on thread %s", threading.current_thread().name)
         while True:
-            if not keep_running():
-                with self._cond:
-                    self._stopping = True
             with self._cond:
+                if not keep_running():
+                    self._stopping = True
                 if not (self._inbox or self._aborts or self._stopping or self.engine.has_unfinished()):
-                    wait = self._until_next_log()
-                    self._cond.wait(timeout=0.5 if self._foreground and (wait is None or wait > 0.5) else wait)
+                    wait = self._until_next_log()  # None: no log due; wake at least every 0.5 s for keep_running
+                    self._cond.wait(timeout=0.5 if wait is None else min(wait, 0.5))
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
                 stopping = self._stopping
