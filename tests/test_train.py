@@ -114,13 +114,20 @@ def train_config(method: str, data: Path, out: Path, **kw):
 # --- the loss on hand-made tensors ---------------------------------------------------------
 
 
+def _full_terms(q, p, labels, conf=None):
+    """position_terms with p given whole (top-k = the full vocabulary)."""
+    probs = p.softmax(-1)
+    top = probs.topk(p.shape[-1], dim=-1)
+    return position_terms(q, top.indices, top.values, labels, conf)
+
+
 def test_loss_terms_by_hand():
     q = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     p = torch.tensor([[0.0, 0.0, 0.0], [0.0, 5.0, 0.0], [1.0, 1.0, -1.0]])
     labels = torch.tensor([0, 1, 2])
     conf = torch.tensor([0.5, -1.0, 2.0])
     k = torch.tensor([0, 1, 2])
-    terms = position_terms(q, p, labels, conf)
+    terms = _full_terms(q, p, labels, conf)
     sq, sp = q.softmax(-1), p.softmax(-1)
     torch.testing.assert_close(terms.ce, -sq[torch.arange(3), labels].log())
     l1 = (sq - sp).abs().sum(-1)
@@ -131,26 +138,58 @@ def test_loss_terms_by_hand():
     torch.testing.assert_close(terms.bce, -(target * s.log() + (1 - target) * (1 - s).log()))
     w = position_weights(k, "dspark")
     torch.testing.assert_close(w, torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5)]))
+    torch.testing.assert_close(position_weights(k, "dspark", decay=2.0), torch.tensor([1.0, math.exp(-0.5), math.exp(-1.0)]))
     sums = weighted_sums(terms, w)
     want = (w * (0.1 * terms.ce + 0.9 * l1 + 1.0 * terms.bce)).sum()
     torch.testing.assert_close(sums["loss"], want)
     torch.testing.assert_close(position_weights(k, "eagle3"), torch.tensor([1.0, 0.8, 0.64]))
-    no_conf = position_terms(q, p, labels)
+    no_conf = _full_terms(q, p, labels)
     assert no_conf.bce is None and "bce" not in weighted_sums(no_conf, w)
     torch.testing.assert_close(weighted_sums(no_conf, w)["loss"], (w * (0.1 * no_conf.ce + 0.9 * l1)).sum())
+
+
+def test_topk_targets_bound_the_exact_distance():
+    """With p truncated to its top k, the computed L1 lies within [exact - 2 tail, exact]
+    and equals it when the tail is empty; tokens outside a reduced draft vocabulary
+    count with q = 0, and labels outside it give no CE."""
+    from dspark.train.teacher import TopKTargets
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(40, 50, generator=g) * 3
+    p = torch.randn(40, 50, generator=g) * 3
+    exact = (q.softmax(-1) - p.softmax(-1)).abs().sum(-1)
+    for k in (1, 4, 16, 50):
+        top = TopKTargets.of_logits(p, k)
+        terms = position_terms(q, top.ids, top.probs, torch.zeros(40, dtype=torch.long))
+        assert torch.all(terms.l1 <= exact + 1e-5)
+        assert torch.all(terms.l1 >= exact - 2 * top.tail - 1e-5)
+        if k == 50:
+            torch.testing.assert_close(terms.l1, exact, atol=1e-5, rtol=0)
+    # a draft vocabulary of the first 30 target ids: q lives on those, p anywhere
+    draft = q[:, :30]
+    full_q = torch.cat([draft, torch.full((40, 20), float("-inf"))], dim=-1)
+    exact = (full_q.softmax(-1) - p.softmax(-1)).abs().sum(-1)
+    top = TopKTargets.of_logits(p, 50)
+    ids = torch.where(top.ids < 30, top.ids, torch.full_like(top.ids, -1))
+    labels = torch.tensor([3, 35] * 20)
+    labels_d = torch.where(labels < 30, labels, torch.full_like(labels, -1))
+    terms = position_terms(draft, ids, top.probs, labels_d)
+    torch.testing.assert_close(terms.l1, exact, atol=1e-5, rtol=0)
+    assert torch.all(terms.ce[1::2] == 0) and torch.all(terms.ce[::2] > 0)
 
 
 def test_bce_target_is_detached_and_p_gets_no_gradient():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(5, 7, generator=g, requires_grad=True)
-    p = torch.randn(5, 7, generator=g, requires_grad=True)
+    p = torch.randn(5, 7, generator=g).softmax(-1).requires_grad_(True)
+    ids = torch.arange(7).expand(5, 7)
     conf = torch.randn(5, generator=g, requires_grad=True)
-    terms = position_terms(q, p, torch.arange(5), conf)
+    terms = position_terms(q, ids, p, torch.arange(5), conf)
     terms.bce.sum().backward()
     assert q.grad is None or torch.count_nonzero(q.grad) == 0  # BCE moves only the confidence head
     torch.testing.assert_close(conf.grad, torch.sigmoid(conf.detach()) - terms.accept)
     q.grad = None
-    terms = position_terms(q, p, torch.arange(5), conf)
+    terms = position_terms(q, ids, p, torch.arange(5), conf)
     weighted_sums(terms, torch.ones(5))["loss"].backward()
     assert p.grad is None  # the target is a constant
     assert q.grad is not None and torch.count_nonzero(q.grad) > 0
@@ -166,20 +205,41 @@ def test_expected_acceptance_length():
 
 
 def test_batch_plan_splits_a_global_batch_across_ranks():
-    from dspark.train.data import BatchPlan, TrainSequence, sample_anchors
+    from dspark.train.data import BatchPlan
 
-    one = BatchPlan(20, 4, seed=3)
+    one = BatchPlan([1] * 20, 4, seed=3)
     assert one.steps_per_epoch == 5
     for step in (0, 4, 5, 11):
         epoch, full = one.local_batch(step)
-        parts = [BatchPlan(20, 4, seed=3, rank=r, world_size=2).local_batch(step)[1] for r in range(2)]
+        parts = [BatchPlan([1] * 20, 4, seed=3, rank=r, world_size=2).local_batch(step)[1] for r in range(2)]
         assert sorted(parts[0] + parts[1]) == sorted(full) and not set(parts[0]) & set(parts[1])
         assert epoch == step // 5
-    seq = TrainSequence("a", "math", list(range(30)), prompt_len=10)
-    a = sample_anchors(seq, 5, seed=0, epoch=0, index=7)
-    assert a == sample_anchors(seq, 5, seed=0, epoch=0, index=7) and a == sorted(set(a))
-    assert all(10 <= x <= 28 for x in a) and len(a) == 5
-    assert len(sample_anchors(seq, 100, 0, 0, 7)) == 19  # every anchor with a label
+
+
+def test_an_epoch_trains_every_response_position_once():
+    from dspark.train.data import BatchPlan, TrainSequence, visit_anchors, visits_per_sequence
+
+    seqs = [TrainSequence(str(i), "math", list(range(10 + 7 * i)), prompt_len=4 + i) for i in range(6)]
+    per_visit = 5
+    visits = visits_per_sequence(seqs, per_visit)
+    plan = BatchPlan(visits, 2, seed=0)
+    seen: dict[int, list[int]] = {i: [] for i in range(len(seqs))}
+    for step in range(plan.steps_per_epoch):
+        epoch, items = plan.local_batch(step)
+        assert epoch == 0
+        for i, v in items:
+            a = visit_anchors(seqs[i], per_visit, 0, epoch, i, v)
+            assert len(a) <= per_visit and a == sorted(set(a))
+            seen[i] += a
+    dropped = plan.num_items % 2  # the incomplete last batch
+    covered = sum(len(v) for v in seen.values())
+    total = sum(s.num_anchor_positions for s in seqs)
+    assert covered <= total and (dropped or covered == total)
+    for i, anchors in seen.items():
+        assert len(anchors) == len(set(anchors))
+        assert all(seqs[i].prompt_len <= a <= len(seqs[i].tokens) - 2 for a in anchors)
+    # the order depends on the epoch and the seed only
+    assert plan.local_batch(plan.steps_per_epoch)[1] == BatchPlan(visits, 2, seed=0).local_batch(plan.steps_per_epoch)[1]
 
 
 def test_cached_teacher_equals_running_the_target(tiny_target, tiny_data, tmp_path):
@@ -189,21 +249,29 @@ def test_cached_teacher_equals_running_the_target(tiny_target, tiny_data, tmp_pa
     seqs = load_sequences([tiny_data], 1, 512)[:5]
     layers = [0, 2]
     rows = [[s.prompt_len, len(s.tokens) - 2] for s in seqs]
-    live_h, live_p = OnTheFlyTeacher(tiny_target.model, layers, seqs).teach([0, 3, 4], [rows[0], rows[3], rows[4]])
-    cached = CachedTeacher(tiny_target.model, layers, seqs, tmp_path, "tiny", progress=False)
+    live_h, live_p = OnTheFlyTeacher(tiny_target.model, layers, seqs, topk=8).teach([0, 3, 4], [rows[0], rows[3], rows[4]])
+    cached = CachedTeacher(tiny_target.model, layers, seqs, tmp_path, "tiny", progress=False, topk=8)
     h, p = cached.teach([0, 3, 4], [rows[0], rows[3], rows[4]])
     torch.testing.assert_close(h, live_h, atol=1e-5, rtol=0)
-    torch.testing.assert_close(p, live_p, atol=1e-4, rtol=0)
-    # a second drafter with other taps reuses the same file
-    again = CachedTeacher(tiny_target.model, [1, 3], seqs, tmp_path, "tiny", build=False)
+    assert p.ids.shape == (6, 8)
+    torch.testing.assert_close(p.probs, live_p.probs, atol=1e-3, rtol=0)  # stored in fp16
+    assert torch.equal(p.ids[:, 0], live_p.ids[:, 0])
+    # a second drafter with other taps reuses the same file; another k builds another
+    again = CachedTeacher(tiny_target.model, [1, 3], seqs, tmp_path, "tiny", build=False, topk=8)
     assert again.path == cached.path
+    with pytest.raises(FileNotFoundError):
+        CachedTeacher(tiny_target.model, [1, 3], seqs, tmp_path, "tiny", build=False, topk=4)
 
 
-@pytest.mark.parametrize("method", ["dspark", "dflash", "eagle3", "mtp"])
-def test_teacher_forced_forward_equals_drafting(method, tiny_target):
+@pytest.mark.parametrize("method,variant", [(m, "full") for m in ("dspark", "dflash", "eagle3", "mtp")]
+                         + [(m, "reduced") for m in ("dspark", "dflash", "eagle3", "mtp")]
+                         + [("dspark", "sample_from_anchor"), ("dflash", "sample_from_anchor")])
+def test_teacher_forced_forward_equals_drafting(method, variant, tiny_target):
     """On a sequence whose continuation after the anchor IS the draft, the training
     forward (several anchors packed in one batch) reproduces the drafter's own logits
-    (and confidences) at every drafted position."""
+    (and confidences) at every drafted position: with the full vocabulary, with a
+    reduced draft vocabulary (logits mapped back through d2t), and in DeepSpec's
+    block convention."""
     from dspark.drafters import DraftRequest, create_drafter
     from dspark.sampling import SamplingParams
     from dspark.train.objectives import AnchorBatch, draft_forward
@@ -211,7 +279,12 @@ def test_teacher_forced_forward_equals_drafting(method, tiny_target):
 
     sizes = {"dspark": dict(markov_rank=8, block_size=5), "dflash": dict(block_size=5),
              "eagle3": dict(block_size=4), "mtp": {}}[method]
-    d = create_drafter(method, tiny_target, seed=1, dtype=torch.float32, **sizes)
+    kw = {}
+    if variant == "reduced":  # 40 of 64 tokens, every other one among the first 16 left out
+        kw = dict(draft_vocab_size=40, draft_token_ids=[t for t in range(64) if t >= 16 or t % 2 == 0][:40])
+    elif variant == "sample_from_anchor":
+        kw = dict(sample_from_anchor=True)
+    d = create_drafter(method, tiny_target, seed=1, dtype=torch.float32, **sizes, **kw)
     with torch.no_grad():
         for p in d.parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
@@ -230,7 +303,9 @@ def test_teacher_forced_forward_equals_drafting(method, tiny_target):
     with torch.no_grad():
         got = draft_forward(d, batch, hidden.unsqueeze(0))
     last = batch.valid[0].flatten().nonzero().flatten()[-n:]  # the positions of the last anchor
-    torch.testing.assert_close(got.logits[last], out.logits[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(d.to_target_logits(got.logits[last]), out.logits[0], atol=1e-4, rtol=0)
+    if variant == "reduced":
+        assert torch.isinf(out.logits[0][:, [1, 3, 5]]).all() and bool(d.t2d[out.tokens[0]].all())
     if method == "dspark":
         torch.testing.assert_close(torch.sigmoid(got.conf_logits[last]), out.confidence[0], atol=1e-5, rtol=0)
 

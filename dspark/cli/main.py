@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dspark.runtime.allocator import tune_allocator
+
+    tune_allocator()  # before the first large tensor: see dspark/runtime/allocator.py
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -39,8 +39,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--max-steps", type=int, default=None, help="optimizer steps; overrides --epochs")
     o.add_argument("--batch-size", type=int, default=8,
                    help="sequences per step over all processes (default: %(default)s)")
-    o.add_argument("--blocks-per-seq", type=int, default=16,
-                   help="anchors sampled per sequence per step (default: %(default)s)")
+    o.add_argument("--blocks-per-seq", type=int, default=64,
+                   help="anchors (blocks) per sequence visit; every response position is an anchor once per "
+                        "epoch, so a long response is visited several times per epoch (default: %(default)s)")
+    o.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="reduced draft vocabulary: the drafter's own LM head over the N most frequent response "
+                        "tokens (saved as draft_vocab_size + d2t); see `dspark data vocab` for coverage "
+                        "(default: the full target vocabulary, shared LM head)")
+    o.add_argument("--teacher-topk", type=int, default=32,
+                   help="the target distribution p is kept as its top-k (default: %(default)s)")
+    o.add_argument("--position-decay", type=float, default=4.0,
+                   help="block position weights exp(-k/D) (default: %(default)s, the paper's)")
     o.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: %(default)s)")
     o.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default: 4%% of the steps)")
     o.add_argument("--weight-decay", type=float, default=0.01, help="(default: %(default)s)")
@@ -52,6 +61,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--max-seq-len", type=int, default=1024, help="tokens per sequence kept (default: %(default)s)")
     w = p.add_argument_group("output")
     w.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps (default: %(default)s)")
+    w.add_argument("--save-every-min", type=float, default=10.0,
+                   help="also checkpoint every M minutes of wall time, so a lost machine costs at most M "
+                        "minutes (default: %(default)s)")
+    w.add_argument("--eval-data", action="append", default=[], metavar="FILE.jsonl",
+                   help="held-out responses (greedy, `dspark data generate --split heldout --temperature 0`): "
+                        "teacher-forced greedy acceptance and tau at every checkpoint, in train_log.jsonl")
+    w.add_argument("--early-stop-evals", type=int, default=0,
+                   help="stop after N held-out evaluations without a better tau (default: never)")
     w.add_argument("--log-every", type=int, default=10, help="log every N steps (default: %(default)s)")
     w.add_argument("--save-dtype", choices=["bf16", "fp32"], default="bf16",
                    help="dtype of model.safetensors (default: %(default)s)")
@@ -86,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
         markov_rank=args.markov_rank, block_size=args.block_size,
         target_layer_ids=parse_layer_ids(args.target_layer_ids), ttt_steps=args.ttt_steps,
         epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
-        blocks_per_seq=args.blocks_per_seq, lr=args.lr, warmup_steps=args.warmup_steps,
+        blocks_per_seq=args.blocks_per_seq, draft_vocab_size=args.draft_vocab_size,
+        teacher_topk=args.teacher_topk, position_decay=args.position_decay, save_every_min=args.save_every_min,
+        eval_data=args.eval_data, early_stop_evals=args.early_stop_evals, lr=args.lr, warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed, precision=args.precision,
         max_seq_len=args.max_seq_len, save_every=args.save_every, log_every=args.log_every,
         save_dtype=args.save_dtype, feature_cache=args.feature_cache, resume=args.resume,
@@ -110,4 +129,53 @@ def run(args: argparse.Namespace) -> int:
         last = result.last_log
         print(f"[train] done: {result.steps} steps in {result.wall_s:.0f} s; loss {last.get('loss', float('nan')):.4f}, "
               f"expected tau {last.get('expected_tau', float('nan')):.2f} -> {result.out}", file=sys.stderr)
+        png = plot_training(result.out / "train_log.jsonl", result.out / "train_curves.png")
+        if png:
+            print(f"[train] curves: {png}", file=sys.stderr)
     return 0
+
+
+def plot_training(log_path, png_path):
+    """Loss, training acceptance and held-out greedy acceptance against step, from
+    train_log.jsonl; returns the PNG path (None when there is nothing to draw)."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [json.loads(line) for line in open(log_path) if line.strip()]
+    train = [r for r in recs if "loss" in r]
+    evals = [r for r in recs if "heldout_tau" in r]
+    if not train:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    steps = [r["step"] for r in train]
+    axes[0].plot(steps, [r["loss"] for r in train], label="loss")
+    axes[0].plot(steps, [r["ce"] for r in train], label="CE", alpha=0.7)
+    axes[0].plot(steps, [r["l1"] for r in train], label="L1", alpha=0.7)
+    axes[0].set_title("training loss (position-weighted)")
+    for k in (1, 2, 3):
+        if f"greedy@{k}" in train[0]:
+            axes[1].plot(steps, [r[f"greedy@{k}"] for r in train], label=f"greedy match @{k}")
+    axes[1].plot(steps, [r["accept_rate@1"] for r in train], "--", label="analytic accept @1")
+    axes[1].set_title("training batches")
+    if evals:
+        es = [r["step"] for r in evals]
+        for k in (1, 2, 3):
+            axes[2].plot(es, [r.get(f"heldout_accept@{k}", float("nan")) for r in evals], "o-",
+                         label=f"conditional accept @{k}")
+        ax2 = axes[2].twinx()
+        ax2.plot(es, [r["heldout_tau"] for r in evals], "k^-", label="tau")
+        ax2.set_ylabel("greedy tau")
+        ax2.legend(loc="lower right")
+    axes[2].set_title("held-out, greedy, teacher-forced")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left" if ax is not axes[0] else "upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path

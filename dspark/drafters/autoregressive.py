@@ -153,15 +153,15 @@ class AutoregressiveDrafter(KVDrafter):
         try:
             for _ in range(num_tokens):
                 h = self._run_pairs(slots, feat.unsqueeze(1), tok.unsqueeze(1), [1] * len(slots))[:, 0]  # [R, hidden]
-                step_logits = self.target.logits(self.norm(h))  # [R, vocab]
-                tok = choose_tokens(step_logits, requests)
+                step_logits = self.head_logits(self.norm(h))  # [R, draft vocab]
+                tok = self.to_target_ids(choose_tokens(step_logits, requests))
                 feat = h
                 tokens.append(tok)
                 logits.append(step_logits)
         finally:
             for s, n in zip(slots, committed):
                 self.pool.truncate(s, n)
-        return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits, dim=1))
+        return DraftOutput(torch.stack(tokens, dim=1), self.to_target_logits(torch.stack(logits, dim=1)))
 
 
 class Eagle3Drafter(AutoregressiveDrafter):

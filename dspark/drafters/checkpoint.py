@@ -5,7 +5,9 @@ calibration, `calibration.json` (`{"temperatures": [T_1, ..., T_γ]}`).
 Weight names are the drafter's state-dict names (`layers.N.self_attn.q_proj.weight`,
 `fc.weight`, `hidden_norm.weight`, `norm.weight`, `markov_head.markov_w1.weight`,
 `confidence_head.proj.weight`, ...). The target's embedding and LM head are shared, so
-they are never written; a checkpoint that carries them (the public release does) is
+they are never written (a drafter with a reduced draft vocabulary has its own
+`lm_head.weight` [draft_vocab_size, H] plus `d2t` (int64 offsets: draft index i is
+target id i + d2t[i]) and `t2d` (bool over the target vocabulary), which are); a checkpoint that carries them (the public release does) is
 accepted when their shapes match the target, and they are ignored.
 
 Only JSON and safetensors are read: no pickle, no remote code.
@@ -98,6 +100,8 @@ def load_drafter(path: str | Path, target_model, dtype: torch.dtype | None = Non
     weights = _read_weights(path)
     want_shape = (target.cfg.vocab_size, target.cfg.hidden_size)
     for name in SHARED_WEIGHTS:
+        if name == "lm_head.weight" and config.reduced_vocab:
+            continue  # the drafter's own head over the reduced draft vocabulary
         w = weights.pop(name, None)
         if w is not None and tuple(w.shape) != want_shape:
             raise DrafterCheckpointError(
@@ -124,7 +128,8 @@ def load_drafter(path: str | Path, target_model, dtype: torch.dtype | None = Non
     dtype = dtype or target.embed_tokens.weight.dtype
     # Copies, not views of the file buffer: fresh (aligned) memory keeps kernels and
     # results identical to the drafter that was saved.
-    state = {k: v.to(device=target.device, dtype=dtype, copy=True) for k, v in weights.items()}
+    state = {k: v.to(device=target.device, dtype=dtype if v.is_floating_point() else v.dtype, copy=True)
+             for k, v in weights.items()}
     drafter.load_state_dict(state, strict=True, assign=True)
     temps = _read_calibration(path)
     if temps is not None:

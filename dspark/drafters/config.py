@@ -125,6 +125,14 @@ class DrafterConfig:
     markov_head_type: str = "vanilla"
     enable_confidence_head: bool | None = None
     confidence_head_with_markov: bool = True
+    # reduced draft vocabulary: the drafter's own LM head covers `draft_vocab_size`
+    # target tokens (None = the full vocabulary, the target's LM head is shared); the
+    # ids live in the `d2t` tensor of model.safetensors (draft index -> target id offset)
+    draft_vocab_size: int | None = None
+    # block convention: False = the block is [anchor, mask x (block_size - 1)] and the
+    # slot at position P+k drafts token P+k (k >= 1); True (DeepSpec) = slot k drafts
+    # token P+k+1, the anchor slot included, so a block drafts block_size tokens
+    sample_from_anchor: bool = False
     extra: dict = field(default_factory=dict)  # unknown config.json fields, kept on save
 
     def __post_init__(self) -> None:
@@ -156,6 +164,16 @@ class DrafterConfig:
                 raise DrafterConfigError(f"MTP-1 taps exactly one target layer, got {self.target_layer_ids}")
         if self.block_size < 2:
             raise DrafterConfigError(f"block_size counts the anchor and must be >= 2, got {self.block_size}")
+        if self.draft_vocab_size is not None:
+            self.draft_vocab_size = int(self.draft_vocab_size)
+            if not 1 <= self.draft_vocab_size <= self.vocab_size:
+                raise DrafterConfigError(
+                    f"draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got {self.draft_vocab_size}")
+            if self.draft_vocab_size == self.vocab_size:
+                self.draft_vocab_size = None
+        self.sample_from_anchor = bool(self.sample_from_anchor)
+        if self.sample_from_anchor and m not in ("dspark", "dflash"):
+            raise DrafterConfigError(f"sample_from_anchor applies to block drafters (dspark, dflash), not {m}")
         if m == "eagle3" and self.num_hidden_layers != 1:
             raise DrafterConfigError(f"Eagle3 has exactly one decoder layer, got num_hidden_layers={self.num_hidden_layers}")
         if m in ("dspark", "dflash"):
@@ -186,11 +204,27 @@ class DrafterConfig:
     # --- derived -----------------------------------------------------------------
     @property
     def architecture(self) -> str:
+        if self.method == "dflash" and self.model_type == "qwen3":
+            return "DFlashDraftModel"  # the name llama.cpp's converter and vLLM register
         return architecture_name(self.method, self.model_type)
 
     @property
     def max_draft_tokens(self) -> int:
-        return self.block_size - 1
+        return self.block_size if self.sample_from_anchor else self.block_size - 1
+
+    @property
+    def first_draft_slot(self) -> int:
+        """The block slot whose output drafts the first token (0 with sample_from_anchor)."""
+        return 0 if self.sample_from_anchor else 1
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size is not None
+
+    @property
+    def output_vocab_size(self) -> int:
+        """Rows of the drafter's LM head (and of the Markov head's output side)."""
+        return self.draft_vocab_size or self.vocab_size
 
     @property
     def has_markov_head(self) -> bool:
@@ -261,9 +295,12 @@ class DrafterConfig:
             "target_layer_ids": list(self.target_layer_ids),
             "num_target_layers": self.num_target_layers,
         }
+        if self.draft_vocab_size is not None:
+            out["draft_vocab_size"] = self.draft_vocab_size
         if self.method in ("dspark", "dflash"):
             out["mask_token_id"] = self.mask_token_id
             out["num_anchors"] = self.num_anchors
+            out["sample_from_anchor"] = self.sample_from_anchor
         if self.method == "dspark":
             out.update(
                 markov_rank=self.markov_rank,
@@ -297,7 +334,7 @@ class DrafterConfig:
             "rope_parameters", "max_position_embeddings", "attention_bias", "vocab_size", "tie_word_embeddings",
             "block_size", "target_layer_ids", "num_target_layers", "mask_token_id", "num_anchors", "markov_rank",
             "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-            "dflash_config", "dspark_config",
+            "dflash_config", "dspark_config", "draft_vocab_size", "sample_from_anchor",
         }
         try:
             return cls(
@@ -324,6 +361,8 @@ class DrafterConfig:
                 markov_head_type=str(d.get("markov_head_type", "vanilla")),
                 enable_confidence_head=d.get("enable_confidence_head"),
                 confidence_head_with_markov=bool(d.get("confidence_head_with_markov", True)),
+                draft_vocab_size=d.get("draft_vocab_size"),
+                sample_from_anchor=bool(d.get("sample_from_anchor", False)),
                 extra={k: v for k, v in d.items() if k not in known},
             )
         except KeyError as e:
@@ -348,9 +387,12 @@ class DrafterConfig:
             taps = [target.num_layers - 1]
         else:
             taps = spread_layer_ids(target.num_layers, min(DEFAULT_NUM_TAPS[method], target.num_layers))
+        # Block drafters use Qwen3-style layers (q/k RMSNorm) whatever the target's family:
+        # the layout the engines that serve DSpark/DFlash drafts read.
+        family = "qwen3" if method in ("dspark", "dflash") else _TARGET_FAMILY.get(target.model_type, "llama")
         fields = dict(
             method=method,
-            model_type=_TARGET_FAMILY.get(target.model_type, "llama"),
+            model_type=family,
             vocab_size=target.vocab_size,
             hidden_size=target.hidden_size,
             intermediate_size=target.intermediate_size,
@@ -362,7 +404,7 @@ class DrafterConfig:
             rope_theta=target.rope_theta,
             rope_scaling=target.rope_scaling,
             max_position_embeddings=target.max_position_embeddings,
-            attention_bias=target.qkv_bias and target.model_type != "qwen2",
+            attention_bias=family != "qwen3" and target.qkv_bias and target.model_type != "qwen2",
             target_layer_ids=taps,
             num_target_layers=target.num_layers,
             block_size=DEFAULT_BLOCK_SIZE[method],

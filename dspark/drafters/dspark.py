@@ -62,7 +62,7 @@ class DSparkDrafter(KVDrafter):
         self.layers = nn.ModuleList(DrafterLayer(self.layer_config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.markov_head = (
-            MarkovHead(config.vocab_size, h, config.markov_rank, config.markov_head_type)
+            MarkovHead(config.vocab_size, h, config.markov_rank, config.markov_head_type, config.output_vocab_size)
             if config.has_markov_head else None
         )
         self.confidence_head = (
@@ -113,9 +113,10 @@ class DSparkDrafter(KVDrafter):
         hidden: torch.Tensor,  # [..., K, hidden] normed backbone output at block positions 1..K
         prev_tokens: torch.Tensor,  # [..., K] token at the previous block position (anchor first)
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Teacher-forced (logits [..., K, vocab] fp32 incl. the Markov bias,
-        confidence logits [..., K] before temperature, or None)."""
-        logits = self.target.logits(hidden)
+        """Teacher-forced (logits [..., K, draft vocab] fp32 incl. the Markov bias,
+        confidence logits [..., K] before temperature, or None). `prev_tokens` are
+        target ids."""
+        logits = self.head_logits(hidden)
         latent = None
         if self.markov_head is not None:
             latent = self.markov_head.block_latents(prev_tokens, hidden)
@@ -162,8 +163,9 @@ class DSparkDrafter(KVDrafter):
         context = [(gather_past(self.pool.k[i], slot_t, lens, kmax), gather_past(self.pool.v[i], slot_t, lens, kmax))
                    for i in range(len(self.layers))]
         mask = attention_mask(lens, [q] * r, kmax, q, causal=False, device=dev)
-        h = self.norm(self.run_backbone(x, positions, context, mask)[:, 1 : 1 + num_tokens])  # [R, n, hidden]
-        base = self.target.logits(h)  # [R, n, vocab]
+        first = self.config.first_draft_slot
+        h = self.norm(self.run_backbone(x, positions, context, mask)[:, first : first + num_tokens])  # [R, n, hidden]
+        base = self.head_logits(h)  # [R, n, draft vocab]
 
         tokens, logits, latents = [], [], []
         prev, latent = anchors, None
@@ -182,19 +184,20 @@ class DSparkDrafter(KVDrafter):
                     c = cand[:, k]  # [R, C]
                     bias = torch.bmm(w2[c], latent.to(w2.dtype).unsqueeze(-1)).squeeze(-1)  # [R, C]
                     step_cand = base_cand[:, k] + bias.float()
-                    prev = c.gather(1, choose_tokens(step_cand, requests).unsqueeze(1)).squeeze(1)
+                    chosen = c.gather(1, choose_tokens(step_cand, requests).unsqueeze(1)).squeeze(1)
                     step = torch.full_like(step, float("-inf")).scatter_(1, c, step_cand)
+                    prev = self.to_target_ids(chosen)
                     tokens.append(prev)
                     logits.append(step)
                     continue
                 step = step + self.markov_head.bias(latent).float()
-            prev = choose_tokens(step, requests)
+            prev = self.to_target_ids(choose_tokens(step, requests))
             tokens.append(prev)
             logits.append(step)
         conf = None
         if self.confidence_head is not None:
             conf = self.confidence_head(h, torch.stack(latents, dim=1) if latents else None)
-        return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits, dim=1), conf)
+        return DraftOutput(torch.stack(tokens, dim=1), self.to_target_logits(torch.stack(logits, dim=1)), conf)
 
 
 def _empty_output(num_tokens: int, vocab: int, with_conf: bool, device: torch.device) -> DraftOutput:

@@ -8,7 +8,7 @@ from torch import nn
 from dspark.runtime.model import RMSNorm
 
 from .base import Drafter
-from .config import DrafterConfig
+from .config import DrafterConfig, DrafterConfigError
 from .target_parts import TargetParts
 
 INIT_STD = 0.02
@@ -48,6 +48,7 @@ def create_drafter(
     *,
     seed: int = 0,
     dtype: torch.dtype | None = None,
+    draft_token_ids: list[int] | None = None,
     **sizes,
 ) -> Drafter:
     """A freshly initialised drafter for `target_model` (a `Transformer` or `Target`).
@@ -56,6 +57,9 @@ def create_drafter(
     `DrafterConfig` field (e.g. num_hidden_layers=1, markov_rank=32, block_size=8,
     target_layer_ids=[...]); for ngram they go to `NgramDrafter`. Weights are seeded
     by `seed` and placed on the target's device in `dtype` (default: the target's).
+    With `draft_vocab_size=N` the drafter gets its own LM head over the target tokens
+    `draft_token_ids` (N ids, e.g. the most frequent of the training responses, see
+    `dspark.train.vocab`; default: ids 0..N-1), started from the target's rows.
     """
     if method == "ngram":
         from .ngram import NgramDrafter
@@ -65,11 +69,14 @@ def create_drafter(
     config = DrafterConfig.for_target(method, target.cfg, tokenizer=target.tokenizer, **sizes)
     problems = config.check_target(target.cfg)
     if problems:
-        from .config import DrafterConfigError
-
         raise DrafterConfigError("drafter does not fit the target: " + "; ".join(problems))
     with torch.device("cpu"):
         drafter = build_drafter(config, target)
     drafter.float()
     init_weights(drafter, target, seed)
+    if config.reduced_vocab:
+        ids = list(range(config.draft_vocab_size)) if draft_token_ids is None else draft_token_ids
+        drafter.set_draft_vocab(ids)
+    elif draft_token_ids is not None:
+        raise DrafterConfigError("draft_token_ids given without a reduced draft_vocab_size")
     return drafter.to(device=target.device, dtype=dtype or target.embed_tokens.weight.dtype).eval()

@@ -30,12 +30,15 @@ from torch import nn
 
 
 class MarkovHead(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, rank: int, kind: str = "vanilla") -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int, kind: str = "vanilla",
+                 out_vocab_size: int | None = None) -> None:
+        """`vocab_size`: previous tokens (target ids); `out_vocab_size`: the biased logits
+        (the draft vocabulary, default the same)."""
         super().__init__()
         self.kind = kind
         self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(rank, out_vocab_size or vocab_size, bias=False)
         if kind == "gated":
             self.gate_proj = nn.Linear(hidden_size + rank, rank)
         elif kind == "rnn":

@@ -13,6 +13,7 @@ reserves DEFAULT_NUM_SLOTS requests of DEFAULT_MAX_LEN tokens (the pool is
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from dspark.runtime.kv_cache import KVCachePool
 
@@ -40,6 +41,68 @@ class KVDrafter(Drafter):
         self.rotary = Rotary(self.layer_config)
         self.pool: KVCachePool | None = None
         self._context_len: list[int] = []  # per slot
+        # Reduced draft vocabulary (EAGLE-3/vLLM/SpecForge convention): an own LM head over
+        # `draft_vocab_size` target tokens; draft index i is target id i + d2t[i]; t2d marks
+        # the target ids inside the draft vocabulary.
+        if config.reduced_vocab:
+            self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        else:
+            self.lm_head = None
+
+    # --- vocabulary ----------------------------------------------------------------
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Normed drafter hidden [..., H] -> fp32 logits over the DRAFT vocabulary."""
+        if self.lm_head is None:
+            return self.target.logits(hidden)
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """[draft vocab] the target id of every draft index."""
+        if self.lm_head is None:
+            return torch.arange(self.config.vocab_size, device=self.device)
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, token_ids: list[int] | torch.Tensor) -> None:
+        """Fix the draft vocabulary (target ids, any order: stored sorted) and start the
+        own LM head from the target's rows of those tokens."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).unique()  # sorted
+        if self.lm_head is None or ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"a drafter with draft_vocab_size {self.config.draft_vocab_size} needs that many "
+                             f"distinct token ids, got {ids.numel()}")
+        if int(ids[0]) < 0 or int(ids[-1]) >= self.config.vocab_size:
+            raise ValueError("draft vocabulary ids outside the target vocabulary")
+        with torch.no_grad():
+            dev = self.d2t.device
+            self.d2t.copy_((ids - torch.arange(ids.numel())).to(dev))
+            self.t2d.zero_()
+            self.t2d[ids.to(dev)] = True
+            self.lm_head.weight.copy_(self.target.lm_head.weight[ids.to(self.target.device)].to(self.lm_head.weight))
+        self._t2d_index = None
+
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft indices (-1 outside the draft vocabulary)."""
+        if self.lm_head is None:
+            return target_ids
+        index = getattr(self, "_t2d_index", None)
+        if index is None or index.device != self.d2t.device:
+            index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+            index[self.draft_token_ids()] = torch.arange(self.d2t.shape[0], device=self.d2t.device)
+            self._t2d_index = index
+        return index[target_ids.to(index.device)]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.lm_head is None else draft_ids + self.d2t[draft_ids]
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V] with -inf
+        outside the draft vocabulary (zero draft probability there: verification stays exact)."""
+        if self.lm_head is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        idx = self.draft_token_ids().expand(*logits.shape[:-1], -1)
+        return full.scatter_(-1, idx, logits)
 
     @property
     def device(self) -> torch.device:

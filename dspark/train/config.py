@@ -25,7 +25,10 @@ class TrainConfig:
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
     batch_size: int = 8  # sequences per optimizer step, over all processes
-    blocks_per_seq: int = 16  # anchors sampled per sequence per step
+    blocks_per_seq: int = 64  # anchors per sequence visit; an epoch trains every response position once
+    draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent response tokens)
+    teacher_topk: int = 32  # p kept as its top-k
+    position_decay: float = 4.0  # block position weights exp(-k/decay)
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int | None = None  # None = 4% of the steps
@@ -36,7 +39,10 @@ class TrainConfig:
     max_seq_len: int = 1024
     # output
     save_every: int = 200
+    save_every_min: float | None = 10.0  # also checkpoint (and evaluate) on this wall-time interval
     log_every: int = 10
+    eval_data: list[str] = field(default_factory=list)  # held-out responses: greedy acceptance at each checkpoint
+    early_stop_evals: int = 0  # stop after this many evals without a better held-out tau (0 = never)
     save_dtype: str = "bf16"  # dtype of model.safetensors; fp32 masters live in trainer_state
     feature_cache: str | None = None  # directory of the hidden-state cache (None = on the fly)
     resume: bool = False
@@ -50,12 +56,18 @@ class TrainConfig:
         if not self.data:
             raise UserError("give at least one --data FILE.jsonl (see `dspark data generate`)")
         checks = {"batch_size": 1, "blocks_per_seq": 1, "ttt_steps": 1, "save_every": 1, "log_every": 1,
-                  "max_seq_len": 8}
+                  "max_seq_len": 8, "teacher_topk": 1, "early_stop_evals": 0}
         for name, lo in checks.items():
             if getattr(self, name) < lo:
                 raise UserError(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1:
             raise UserError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
+            raise UserError(f"--draft-vocab-size must be >= 2, got {self.draft_vocab_size}")
+        if not self.position_decay > 0:
+            raise UserError(f"--position-decay must be > 0, got {self.position_decay}")
+        if self.save_every_min is not None and self.save_every_min <= 0:
+            raise UserError(f"--save-every-min must be > 0, got {self.save_every_min}")
         if self.epochs <= 0:
             raise UserError(f"--epochs must be > 0, got {self.epochs}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:

@@ -8,7 +8,8 @@ a+1..a+γ from the target context 0..a-1, exactly as in decoding, where the anch
 the last emitted token and its own target hidden state is not known yet.
 
 Everything random here is a pure function of (seed, epoch, sequence index), never of
-the rank, so a global batch is the same whether one process or many compute it.
+the rank, so a global batch is the same whether one process or many compute it, and
+a resumed run takes the same batches as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -87,22 +88,33 @@ def _generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def sample_anchors(seq: TrainSequence, num: int, seed: int, epoch: int, index: int) -> list[int]:
-    """Up to `num` distinct anchor positions of `seq`, sorted."""
+def visit_anchors(seq: TrainSequence, per_visit: int, seed: int, epoch: int, index: int, visit: int) -> list[int]:
+    """The anchor positions of `seq` trained at its `visit`-th visit of `epoch`, sorted.
+
+    Dense supervision: every anchor position of the sequence (every response token with
+    a label) is shuffled once per epoch and cut into visits of at most `per_visit`
+    anchors, so one epoch trains every response position as an anchor exactly once."""
     n = seq.num_anchor_positions
-    pick = torch.randperm(n, generator=_generator(seed, epoch, index))[: min(num, n)]
+    pick = torch.randperm(n, generator=_generator(seed, epoch, index))[visit * per_visit : (visit + 1) * per_visit]
     return sorted(seq.prompt_len + int(i) for i in pick)
 
 
-def epoch_order(num_sequences: int, seed: int, epoch: int) -> list[int]:
-    return torch.randperm(num_sequences, generator=_generator(seed, epoch, -1)).tolist()
+def visits_per_sequence(seqs: list[TrainSequence], per_visit: int) -> list[int]:
+    return [max(1, -(-s.num_anchor_positions // per_visit)) for s in seqs]
+
+
+def epoch_order(num_items: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(num_items, generator=_generator(seed, epoch, -1)).tolist()
 
 
 @dataclass
 class BatchPlan:
-    """Global batches of `batch_size` sequences per step; rank r of w takes every w-th."""
+    """Global batches of `batch_size` sequence visits per step; rank r of w takes every
+    w-th. An epoch is every visit of every sequence (`visits[i]` for sequence i), in
+    an order that is a pure function of (seed, epoch): resuming at step s continues
+    with exactly the batches an uninterrupted run would have taken."""
 
-    num_sequences: int
+    visits: list[int]
     batch_size: int
     seed: int
     rank: int = 0
@@ -111,16 +123,21 @@ class BatchPlan:
     def __post_init__(self) -> None:
         if self.batch_size % self.world_size:
             raise UserError(f"--batch-size {self.batch_size} must be a multiple of the {self.world_size} processes")
-        if self.num_sequences < self.batch_size:
-            raise UserError(f"{self.num_sequences} training sequences are fewer than --batch-size {self.batch_size}")
+        self._items = [(i, v) for i, n in enumerate(self.visits) for v in range(n)]
+        if len(self._items) < self.batch_size:
+            raise UserError(f"{len(self._items)} sequence visits are fewer than --batch-size {self.batch_size}")
+
+    @property
+    def num_items(self) -> int:
+        return len(self._items)
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.num_sequences // self.batch_size  # the incomplete last batch is dropped
+        return self.num_items // self.batch_size  # the incomplete last batch is dropped
 
-    def local_batch(self, step: int) -> tuple[int, list[int]]:
-        """(epoch, this rank's sequence indices) of global step `step` (from 0)."""
+    def local_batch(self, step: int) -> tuple[int, list[tuple[int, int]]]:
+        """(epoch, this rank's (sequence index, visit) pairs) of global step `step` (from 0)."""
         epoch, i = divmod(step, self.steps_per_epoch)
-        order = epoch_order(self.num_sequences, self.seed, epoch)
-        batch = order[i * self.batch_size : (i + 1) * self.batch_size]
+        order = epoch_order(self.num_items, self.seed, epoch)
+        batch = [self._items[j] for j in order[i * self.batch_size : (i + 1) * self.batch_size]]
         return epoch, batch[self.rank :: self.world_size]

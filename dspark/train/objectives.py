@@ -85,7 +85,7 @@ class AnchorBatch:
 
 @dataclass
 class Drafted:
-    logits: torch.Tensor  # [N, vocab] fp32
+    logits: torch.Tensor  # [N, draft vocab] fp32
     conf_logits: torch.Tensor | None  # [N]
 
 
@@ -107,7 +107,8 @@ def block_forward(drafter: DSparkDrafter, batch: AnchorBatch, hidden: torch.Tens
     block_of = torch.arange(a, device=dev).repeat_interleave(q)  # [A*Q]
     see_self = (block_of.view(-1, 1) == block_of.view(1, -1)).expand(b, -1, -1)  # [B, A*Q, A*Q]
     mask = torch.cat([see_ctx, see_self], dim=-1).unsqueeze(1)  # [B, 1, A*Q, S + A*Q]
-    h = drafter.run_backbone(x, q_pos, context, mask).view(b, a, q, -1)[:, :, 1 : 1 + gamma]
+    first = drafter.config.first_draft_slot
+    h = drafter.run_backbone(x, q_pos, context, mask).view(b, a, q, -1)[:, :, first : first + gamma]
     h = drafter.norm(h)  # [B, A, γ, H]
     valid = batch.valid
     rows = valid.any(-1)  # blocks with at least one label
@@ -158,7 +159,7 @@ def autoregressive_forward(drafter: AutoregressiveDrafter, batch: AnchorBatch, h
         outs.append(h)
     hs = torch.stack(outs, dim=2)  # [B, A, γ, H] output hidden before `norm`
     valid = batch.valid
-    logits = drafter.target.logits(drafter.norm(hs[valid]))  # [N, V]
+    logits = drafter.head_logits(drafter.norm(hs[valid]))  # [N, draft vocab]
     return Drafted(logits, None)
 
 

@@ -4,23 +4,25 @@ features) and its next-token distributions p (the distillation targets).
 Both come from our runtime (`Transformer.forward`), the code that serves the target,
 so training sees exactly the features decoding will feed the drafter.
 
-Why distributions are always recomputed, and hidden states optionally cached:
-a full-vocabulary distribution is 49,152 floats per token for SmolLM2 (~200 KB in
-fp32, ~25 GB for 120k training tokens), so p is never stored. A token's hidden state
-is one vector per tapped layer (576 values each), ~7 KB in bf16 for six layers, so
-a data set's hidden states fit on disk. `CachedTeacher` runs the target once per
-data set and stores the tapped layers plus the LAST layer's output in safetensors;
-p is then recomputed exactly from the last layer through the target's own final
-norm and LM head, at the sampled positions only. On a CPU the target forward costs
-about as much as a drafter step, so the cache pays from the second epoch on and is
-shared by every method (its default layer set covers all four methods' taps).
-`OnTheFlyTeacher` runs the target every step instead (no disk, any data size).
+p is kept as its top-k (`TopKTargets`: the k most probable target ids and their
+probabilities, k = 32 by default; the rest of the mass is the `tail`). A full
+distribution is 49,152 floats per token for SmolLM2, and recomputing it every step
+from the cached last layer cost more than the drafter step itself; the top-k is 32
+ids and probabilities, computed once. The loss (`losses.position_terms`) bounds what
+the truncation can hide: the total-variation distance it computes differs from the
+exact one by at most the tail mass, reported by `dspark train` as `teacher_tail`.
+
+`CachedTeacher` runs the target once per data set and stores in safetensors the
+tapped layers every method uses (so one cache serves all four) and the top-k of p at
+every response row. `OnTheFlyTeacher` runs the target every step instead (no disk,
+any data size) and gives the same top-k.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +34,31 @@ from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.model import Transformer
 
 from .data import TrainSequence, sequences_digest
+
+DEFAULT_TOPK = 32
+
+
+@dataclass
+class TopKTargets:
+    """The target's next-token distributions at N rows, truncated to their top k."""
+
+    ids: torch.Tensor  # [N, k] int64 target ids, most probable first
+    probs: torch.Tensor  # [N, k] fp32
+
+    @property
+    def tail(self) -> torch.Tensor:
+        """[N] probability mass outside the top k."""
+        return (1 - self.probs.sum(-1)).clamp(min=0)
+
+    @classmethod
+    def of_logits(cls, logits: torch.Tensor, k: int) -> "TopKTargets":
+        probs = torch.softmax(logits.float(), dim=-1)
+        top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        return cls(top.indices, top.values)
+
+    @classmethod
+    def cat(cls, parts: list["TopKTargets"]) -> "TopKTargets":
+        return cls(torch.cat([p.ids for p in parts]), torch.cat([p.probs for p in parts]))
 
 
 def pad_hidden(parts: list[torch.Tensor], seq_len: int) -> torch.Tensor:
@@ -45,10 +72,12 @@ def pad_hidden(parts: list[torch.Tensor], seq_len: int) -> torch.Tensor:
 class OnTheFlyTeacher:
     """Runs the target over each training batch."""
 
-    def __init__(self, model: Transformer, layers: list[int], seqs: list[TrainSequence] | None = None) -> None:
+    def __init__(self, model: Transformer, layers: list[int], seqs: list[TrainSequence] | None = None,
+                 topk: int = DEFAULT_TOPK) -> None:
         self.model = model
         self.layers = list(layers)
         self.seqs = seqs or []
+        self.topk = topk
         self._cache: KVCachePool | None = None
 
     def _pool(self, num: int, max_len: int) -> KVCachePool:
@@ -77,12 +106,12 @@ class OnTheFlyTeacher:
         parts = [hidden[a:b] for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:])]
         return parts, (logits.clone() if rows is not None else None)
 
-    def teach(self, indices: list[int], rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """For sequences `indices`: (hidden [B, S, taps, H] zero-padded, target logits
-        [sum len(rows[b]), vocab] fp32); the logits at row r predict token r + 1."""
+    def teach(self, indices: list[int], rows: list[list[int]]) -> tuple[torch.Tensor, TopKTargets]:
+        """For sequences `indices`: (hidden [B, S, taps, H] zero-padded, the top-k of p at
+        the rows, flattened in order); p at row r predicts token r + 1."""
         seqs = [self.seqs[i] for i in indices]
         parts, logits = self.run([s.tokens for s in seqs], self.layers, rows)
-        return pad_hidden(parts, max(len(s.tokens) for s in seqs)), logits
+        return pad_hidden(parts, max(len(s.tokens) for s in seqs)), TopKTargets.of_logits(logits, self.topk)
 
 
 def cache_layers(model: Transformer, wanted: list[int]) -> list[int]:
@@ -98,36 +127,39 @@ def cache_layers(model: Transformer, wanted: list[int]) -> list[int]:
 
 
 class CachedTeacher:
-    """Hidden states from a safetensors cache (built on first use); p recomputed from
-    the cached last layer with the target's final norm and LM head."""
+    """Hidden states and the top-k of p from a safetensors cache (built on first use)."""
 
     def __init__(self, model: Transformer, layers: list[int], seqs: list[TrainSequence], cache_dir: str | Path,
-                 model_name: str, build_batch_tokens: int = 4096, progress: bool = True,
-                 build: bool = True) -> None:
+                 model_name: str, build_batch_tokens: int = 2048, progress: bool = True,
+                 build: bool = True, topk: int = DEFAULT_TOPK) -> None:
         self.model = model
         self.layers = list(layers)
-        self.last = model.cfg.num_layers - 1
-        self.path = find_cache(cache_dir, seqs, model, model_name, self.layers + [self.last])
+        self.topk = topk
+        self.path = find_cache(cache_dir, seqs, model, model_name, self.layers, topk)
         if self.path is None:
             if not build:
                 raise FileNotFoundError("feature cache not built yet")
             self.path = build_cache(model, seqs, cache_dir, model_name, cache_layers(model, self.layers),
-                                    build_batch_tokens, progress)
+                                    build_batch_tokens, progress, topk)
         self._file = safe_open(str(self.path), framework="pt")
         stored = json.loads(self._file.metadata()["layers"])
         self._tap_index = [stored.index(i) for i in self.layers]
-        self._last_index = stored.index(self.last)
         self.seqs = seqs
 
     @torch.no_grad()
-    def teach(self, indices: list[int], rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def teach(self, indices: list[int], rows: list[list[int]]) -> tuple[torch.Tensor, TopKTargets]:
         seqs = [self.seqs[i] for i in indices]
-        stored = [self._file.get_tensor(f"s{i}").to(self.model.device) for i in indices]  # [L, stored, H]
-        taps = [h[:, self._tap_index] for h in stored]
-        last = torch.cat([h[r, self._last_index] for h, r in zip(stored, rows)])  # [N, H]
-        # The runtime computes logits exactly so: final norm + LM head on the selected rows.
-        logits = self.model.logits(last.to(self.model.dtype)).float()
-        return pad_hidden(taps, max(len(s.tokens) for s in seqs)), logits
+        dev = self.model.device
+        taps = [self._file.get_tensor(f"s{i}")[:, self._tap_index].to(dev) for i in indices]  # [L, taps, H]
+        parts = []
+        for i, seq, r in zip(indices, seqs, rows):
+            local = torch.tensor(r, dtype=torch.long) - seq.prompt_len
+            if len(r) and (int(local.min()) < 0 or int(local.max()) >= len(seq.tokens) - 1 - seq.prompt_len):
+                raise ValueError(f"rows {r} of sequence {i} lie outside its cached response rows")
+            ids = self._file.get_slice(f"ids{i}")[:].index_select(0, local)
+            probs = self._file.get_slice(f"probs{i}")[:].index_select(0, local)
+            parts.append(TopKTargets(ids.long().to(dev), probs.float().to(dev)))
+        return pad_hidden(taps, max(len(s.tokens) for s in seqs)), TopKTargets.cat(parts)
 
 
 def _cache_key(seqs: list[TrainSequence], model: Transformer, model_name: str) -> str:
@@ -136,24 +168,31 @@ def _cache_key(seqs: list[TrainSequence], model: Transformer, model_name: str) -
 
 
 def find_cache(cache_dir: str | Path, seqs: list[TrainSequence], model: Transformer, model_name: str,
-               needed: list[int]) -> Path | None:
-    """A cache file for these sequences and this target holding every `needed` layer."""
+               needed: list[int], topk: int = DEFAULT_TOPK) -> Path | None:
+    """A cache file for these sequences and this target holding every `needed` layer and
+    the top-`topk` of p."""
     key = _cache_key(seqs, model, model_name)
     for path in sorted(Path(cache_dir).glob(f"features-{key}-*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
-            if set(needed) <= set(json.loads(f.metadata()["layers"])):
+            meta = f.metadata()
+            if set(needed) <= set(json.loads(meta["layers"])) and int(meta.get("topk", -1)) == topk:
                 return path
     return None
 
 
 def build_cache(model: Transformer, seqs: list[TrainSequence], cache_dir: str | Path, model_name: str,
-                layers: list[int], batch_tokens: int = 4096, progress: bool = True) -> Path:
+                layers: list[int], batch_tokens: int = 2048, progress: bool = True,
+                topk: int = DEFAULT_TOPK) -> Path:
+    """Run the target over every sequence once; store per sequence i `s{i}` (the
+    `layers`' hidden states [L, layers, H]), `ids{i}` (int32) and `probs{i}` (fp16):
+    the top-k of p at the response rows prompt_len .. L-2 (the rows whose next token
+    is a response token)."""
     from tqdm import tqdm
 
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = _cache_key(seqs, model, model_name)
-    path = cache_dir / f"features-{key}-{'_'.join(map(str, layers))}.safetensors"
+    path = cache_dir / f"features-{key}-{'_'.join(map(str, layers))}-top{topk}.safetensors"
     runner = OnTheFlyTeacher(model, layers)
     tensors: dict[str, torch.Tensor] = {}
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))  # similar lengths batch well
@@ -164,14 +203,20 @@ def build_cache(model: Transformer, seqs: list[TrainSequence], cache_dir: str | 
         group = [order[i]]
         while i + len(group) < len(order) and (len(group) + 1) * len(seqs[order[i + len(group)]].tokens) <= batch_tokens:
             group.append(order[i + len(group)])
-        parts, _ = runner.run([seqs[j].tokens for j in group], layers, None)
-        for j, h in zip(group, parts):
+        rows = [list(range(seqs[j].prompt_len, len(seqs[j].tokens) - 1)) for j in group]
+        parts, logits = runner.run([seqs[j].tokens for j in group], layers, rows)
+        at = 0
+        for j, h, r in zip(group, parts, rows):
             tensors[f"s{j}"] = h.cpu().contiguous()
+            top = TopKTargets.of_logits(logits[at : at + len(r)], topk)
+            at += len(r)
+            tensors[f"ids{j}"] = top.ids.to(torch.int32).cpu().contiguous()
+            tensors[f"probs{j}"] = top.probs.to(torch.float16).cpu().contiguous()
             bar.update(h.shape[0])
         i += len(group)
     bar.close()
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata={"layers": json.dumps(layers), "model": model_name,
-                                           "num_sequences": str(len(seqs))})
+                                           "num_sequences": str(len(seqs)), "topk": str(topk)})
     tmp.replace(path)
     return path

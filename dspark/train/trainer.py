@@ -39,10 +39,12 @@ from dspark.errors import UserError
 from dspark.runtime.target import Target
 
 from .config import TrainConfig
-from .data import BatchPlan, end_of_turn_id, load_sequences, sample_anchors
-from .losses import expected_acceptance_length, per_position_means, position_terms, position_weights, weighted_sums
+from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visits_per_sequence
+from .losses import (expected_acceptance_length, greedy_match, per_position_means, position_terms, position_weights,
+                     weighted_sums)
 from .objectives import AnchorBatch, draft_forward
-from .teacher import CachedTeacher, OnTheFlyTeacher
+from .teacher import CachedTeacher, OnTheFlyTeacher, TopKTargets
+from .vocab import most_frequent, response_token_counts
 
 KEEP_CHECKPOINTS = 2
 
@@ -84,9 +86,11 @@ def device_for(dist: DistInfo) -> str:
 
 def _log_line(rec: dict, total: int) -> str:
     rates = [v for k, v in rec.items() if k.startswith("accept_rate@")]
+    greedy = [v for k, v in rec.items() if k.startswith("greedy@")]
     terms = " ".join(f"{k} {rec[k]:.4f}" for k in ("loss", "ce", "l1", "bce") if k in rec)
     return (f"step {rec['step']}/{total} {terms} accept@1..{len(rates)} "
-            f"{' '.join(f'{r:.2f}' for r in rates)} tau {rec['expected_tau']:.3f} ({rec['elapsed_s']:.0f} s)")
+            f"{' '.join(f'{r:.2f}' for r in rates)} greedy@1..3 {' '.join(f'{r:.2f}' for r in greedy[:3])} "
+            f"tau {rec['expected_tau']:.3f} ({rec['elapsed_s']:.0f} s)")
 
 
 class _DraftModule(nn.Module):
@@ -142,12 +146,21 @@ class Trainer:
         self.out = Path(config.out)
         self.device = str(target.device)
         target.model.requires_grad_(False)
-        self.seqs = load_sequences(config.data, end_of_turn_id(target.tokenizer), config.max_seq_len)
-        self.plan = BatchPlan(len(self.seqs), config.batch_size, config.seed, self.dist.rank, self.dist.world_size)
+        eos = end_of_turn_id(target.tokenizer)
+        self.seqs = load_sequences(config.data, eos, config.max_seq_len)
+        self.eval_seqs = load_sequences(config.eval_data, eos, config.max_seq_len) if config.eval_data else []
+        self.plan = BatchPlan(visits_per_sequence(self.seqs, config.blocks_per_seq), config.batch_size, config.seed,
+                              self.dist.rank, self.dist.world_size)
         self.total_steps = config.max_steps or max(1, math.ceil(config.epochs * self.plan.steps_per_epoch))
+        sizes = config.drafter_sizes()
+        vocab = None
+        if config.draft_vocab_size:
+            counts = response_token_counts(self.seqs, target.model.cfg.vocab_size)
+            vocab = most_frequent(counts, config.draft_vocab_size, always=[] if eos is None else [eos])
+            sizes["draft_vocab_size"] = config.draft_vocab_size
         try:
             self.drafter = create_drafter(config.method, target, seed=config.seed, dtype=torch.float32,
-                                          **config.drafter_sizes()).train()
+                                          draft_token_ids=vocab, **sizes).train()
         except ValueError as e:
             raise UserError(str(e)) from None
         self.gamma = num_positions(self.drafter, config)
@@ -160,9 +173,13 @@ class Trainer:
         self.warmup = config.warmup_steps if config.warmup_steps is not None else max(1, round(0.04 * self.total_steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
         self.step = 0
+        self.best_eval: float | None = None
+        self.evals_since_best = 0
+        self.train_s = 0.0  # training wall time of earlier runs (resume)
         if config.resume:
             self._resume()
-        self.teacher = self._make_teacher()
+        self.teacher = self._make_teacher(self.seqs)
+        self.eval_teacher = self._make_teacher(self.eval_seqs) if self.eval_seqs else None
         module = _DraftModule(self.drafter)
         if self.dist.world_size > 1:
             ids = [int(self.device.split(":")[1])] if self.device.startswith("cuda") else None
@@ -180,37 +197,47 @@ class Trainer:
         return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * t))
 
     # --- pieces ----------------------------------------------------------------------
-    def _make_teacher(self):
+    def _make_teacher(self, seqs):
         cfg = self.config
         layers = list(self.drafter.target_layer_ids)
         if cfg.feature_cache is None:
-            return OnTheFlyTeacher(self.target.model, layers, self.seqs)
+            return OnTheFlyTeacher(self.target.model, layers, seqs, topk=cfg.teacher_topk)
         # One process builds the cache, the others wait and read it.
         if self.dist.is_main:
-            teacher = CachedTeacher(self.target.model, layers, self.seqs, cfg.feature_cache, self.model_name,
-                                    progress=cfg.progress)
+            teacher = CachedTeacher(self.target.model, layers, seqs, cfg.feature_cache, self.model_name,
+                                    progress=cfg.progress, topk=cfg.teacher_topk)
         self.dist.barrier()
         if not self.dist.is_main:
-            teacher = CachedTeacher(self.target.model, layers, self.seqs, cfg.feature_cache, self.model_name,
-                                    build=False)
+            teacher = CachedTeacher(self.target.model, layers, seqs, cfg.feature_cache, self.model_name,
+                                    build=False, topk=cfg.teacher_topk)
         return teacher
 
     def _anchor_batch(self, step: int) -> tuple[list[int], AnchorBatch]:
         epoch, local = self.plan.local_batch(step)
-        seqs = [self.seqs[i] for i in local]
-        anchors = [sample_anchors(s, self.config.blocks_per_seq, self.config.seed, epoch, i) for s, i in zip(seqs, local)]
-        return local, AnchorBatch.build([s.tokens for s in seqs], anchors, self.gamma, self.device)
+        seqs = [self.seqs[i] for i, _ in local]
+        anchors = [visit_anchors(s, self.config.blocks_per_seq, self.config.seed, epoch, i, v)
+                   for s, (i, v) in zip(seqs, local)]
+        return [i for i, _ in local], AnchorBatch.build([s.tokens for s in seqs], anchors, self.gamma, self.device)
+
+    def _targets(self, batch: AnchorBatch, targets: TopKTargets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(top-k ids as draft indices, their probabilities, labels as draft indices)."""
+        to_draft = self.drafter.to_draft_ids
+        return to_draft(targets.ids), targets.probs, to_draft(batch.labels())
+
+    def _forward(self, batch: AnchorBatch, hidden: torch.Tensor):
+        with torch.autocast(self.device.split(":")[0], dtype=self.autocast or torch.float32,
+                            enabled=self.autocast is not None):
+            return self.module(batch, hidden)
 
     def train_step(self, step: int) -> dict[str, torch.Tensor]:
         """One optimizer step; returns detached sums for logging."""
         local, batch = self._anchor_batch(step)
-        hidden, p_logits = self.teacher.teach(local, batch.target_rows())
-        labels, k = batch.labels(), batch.positions()
-        weights = position_weights(k, self.drafter.method)
-        with torch.autocast(self.device.split(":")[0], dtype=self.autocast or torch.float32,
-                            enabled=self.autocast is not None):
-            drafted = self.module(batch, hidden)
-        terms = position_terms(drafted.logits, p_logits, labels, drafted.conf_logits)
+        hidden, targets = self.teacher.teach(local, batch.target_rows())
+        p_ids, p_probs, labels = self._targets(batch, targets)
+        k = batch.positions()
+        weights = position_weights(k, self.drafter.method, self.config.position_decay)
+        drafted = self._forward(batch, hidden)
+        terms = position_terms(drafted.logits, p_ids, p_probs, labels, drafted.conf_logits)
         sums = weighted_sums(terms, weights)
         denom = self.dist.all_reduce(weights.sum().detach().double()).float()
         # DDP averages gradients over processes; scaling by the world size makes the
@@ -222,11 +249,52 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         acc_sum, acc_n = per_position_means(terms.accept, k, self.gamma)
+        greedy_sum, _ = per_position_means(greedy_match(drafted.logits.detach(), p_ids[:, 0]).double(), k, self.gamma)
         out = {name: v.detach().double() for name, v in sums.items()}
         out["loss"] = out["loss"].detach()
-        out.update(weight=weights.sum().double(), accept_sum=acc_sum, accept_n=acc_n,
-                   grad_norm=grad_norm.detach().double())
+        out.update(weight=weights.sum().double(), accept_sum=acc_sum, accept_n=acc_n, greedy_sum=greedy_sum,
+                   tail_sum=targets.tail.sum().double(), grad_norm=grad_norm.detach().double())
         return out
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out greedy acceptance, teacher-forced: per anchor of every held-out
+        response, whether the drafter's argmax at each block position equals the
+        target's; conditional rates per position and τ = 1 + Σ_k Π_{j≤k} match_j (the
+        acceptance length of greedy verification at this block, one round per anchor)."""
+        teacher, seqs, gamma = self.eval_teacher, self.eval_seqs, self.gamma
+        per_visit = self.config.blocks_per_seq
+        items = [(i, v) for i, n in enumerate(visits_per_sequence(seqs, per_visit)) for v in range(n)]
+        match_n = torch.zeros(gamma, dtype=torch.float64)
+        seen_n = torch.zeros(gamma, dtype=torch.float64)
+        tau_sum, anchors = 0.0, 0
+        was_training = self.drafter.training
+        self.drafter.eval()
+        for start in range(0, len(items), self.config.batch_size):
+            chunk = items[start : start + self.config.batch_size]
+            idx = [i for i, _ in chunk]
+            anchors_of = [visit_anchors(seqs[i], per_visit, self.config.seed, 0, i, v) for i, v in chunk]
+            batch = AnchorBatch.build([seqs[i].tokens for i in idx], anchors_of, gamma, self.device)
+            hidden, targets = teacher.teach(idx, batch.target_rows())
+            drafted = self._forward(batch, hidden)
+            match = greedy_match(drafted.logits, self.drafter.to_draft_ids(targets.ids[:, 0]))
+            valid = batch.valid
+            full = torch.zeros(valid.shape, dtype=torch.float64, device=match.device)
+            full[valid] = match.double()
+            alive = full.cumprod(-1)  # [B, A, γ]: the prefix up to k all matched
+            real = batch.anchor_mask
+            tau_sum += float((1 + alive.sum(-1))[real].sum())
+            anchors += int(real.sum())
+            prev_alive = torch.cat([torch.ones_like(alive[..., :1]), alive[..., :-1]], dim=-1)
+            reached = prev_alive.bool() & valid
+            match_n += (full * reached).sum((0, 1)).cpu()
+            seen_n += reached.double().sum((0, 1)).cpu()
+        self.drafter.train(was_training)
+        cond = (match_n / seen_n.clamp(min=1)).tolist()
+        rec = {f"heldout_accept@{k + 1}": round(c, 4) for k, c in enumerate(cond) if seen_n[k] > 0}
+        rec["heldout_tau"] = round(tau_sum / max(anchors, 1), 4)
+        rec["heldout_anchors"] = anchors
+        return rec
 
     def run(self) -> TrainResult:
         from tqdm import tqdm
@@ -241,35 +309,66 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
                    disable=not (cfg.progress and self.dist.is_main), dynamic_ncols=True)
         t0 = time.perf_counter()
+        last_save = t0
         acc: dict[str, torch.Tensor] = {}
         last: dict = {}
-        tokens_seen = 0
+        stopped = ""
         while self.step < self.total_steps:
             stats = self.train_step(self.step)
             self.step += 1
             for name, v in stats.items():
                 acc[name] = acc[name] + v if name in acc else v.clone()
-            tokens_seen += int(stats["accept_n"].sum())
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                last = self._log(acc, log_path, time.perf_counter() - t0)
+                last = self._log(acc, log_path, self.train_s + time.perf_counter() - t0)
                 acc = {}
-                bar.set_postfix_str(f"loss {last['loss']:.3f} tau {last['expected_tau']:.2f}", refresh=False)
+                bar.set_postfix_str(f"loss {last['loss']:.3f} greedy@1 {last.get('greedy@1', 0):.2f}", refresh=False)
                 if bar.disable and self.dist.is_main:  # no bar (e.g. a log file): one line per log
                     print(_log_line(last, self.total_steps), file=sys.stderr, flush=True)
             bar.update(1)
-            if self.step % cfg.save_every == 0 and self.step < self.total_steps:
-                self.save_checkpoint()
+            now = time.perf_counter()
+            due = self.step % cfg.save_every == 0 or (cfg.save_every_min and now - last_save >= 60 * cfg.save_every_min)
+            if due and self.step < self.total_steps:
+                if self._eval_and_log(log_path, self.train_s + now - t0):
+                    stopped = "early stop"
+                self.save_checkpoint(self.train_s + time.perf_counter() - t0)
+                last_save = time.perf_counter()
+                if stopped:
+                    break
             if self._out_of_time(t0):
-                if acc:
-                    last = self._log(acc, log_path, time.perf_counter() - t0)
+                stopped = "time limit"
                 break
         bar.close()
-        self.save_checkpoint()
+        if acc:
+            last = self._log(acc, log_path, self.train_s + time.perf_counter() - t0)
+        self._eval_and_log(log_path, self.train_s + time.perf_counter() - t0)
+        self.save_checkpoint(self.train_s + time.perf_counter() - t0)
         if self.dist.is_main:
             self.save_drafter(self.out)
+            if stopped:
+                print(f"[train] stopped at step {self.step} ({stopped})", file=sys.stderr, flush=True)
         self.dist.barrier()
         return TrainResult(self.out, self.step, time.perf_counter() - t0, last, len(self.seqs),
                            sum(len(s.tokens) for s in self.seqs))
+
+    def _eval_and_log(self, path: Path, elapsed: float) -> bool:
+        """Held-out evaluation (when --eval-data is given), appended to the log; True when
+        early stopping says to stop (no better held-out τ for --early-stop-evals evals)."""
+        if self.eval_teacher is None:
+            return False
+        rec = {"step": self.step, "elapsed_s": round(elapsed, 1), **self.evaluate()}
+        if self.dist.is_main:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            print(f"[eval] step {self.step}: held-out greedy tau {rec['heldout_tau']:.3f}, accept@1..3 "
+                  + " ".join(f"{rec.get(f'heldout_accept@{k}', float('nan')):.3f}" for k in (1, 2, 3)),
+                  file=sys.stderr, flush=True)
+        score = rec["heldout_tau"]
+        if self.best_eval is None or score > self.best_eval + 1e-4:
+            self.best_eval, self.evals_since_best = score, 0
+        else:
+            self.evals_since_best += 1
+        patience = self.config.early_stop_evals
+        return bool(patience) and self.evals_since_best >= patience
 
     def _out_of_time(self, t0: float) -> bool:
         """Whether --time-limit-min has passed (decided by rank 0, so all ranks stop together)."""
@@ -290,16 +389,21 @@ class Trainer:
             vals[n] = flat[i : i + size]
             i += size
         w = float(vals["weight"].sum())
-        rates = (vals["accept_sum"] / vals["accept_n"].clamp(min=1)).tolist()
+        counts = vals["accept_n"].clamp(min=1)
+        rates = (vals["accept_sum"] / counts).tolist()
         rates = [r if c > 0 else float("nan") for r, c in zip(rates, vals["accept_n"].tolist())]
+        greedy = (vals["greedy_sum"] / counts).tolist()
         rec = {"step": self.step, "lr": self.scheduler.get_last_lr()[0],
                "loss": float(vals["loss"]) / w, "ce": float(vals["ce"]) / w, "l1": float(vals["l1"]) / w}
         if "bce" in vals:
             rec["bce"] = float(vals["bce"]) / w
         rec["grad_norm"] = float(vals["grad_norm"]) / self.dist.world_size / max(1, self.config.log_every)
         rec.update({f"accept_rate@{k + 1}": round(r, 4) for k, r in enumerate(rates)})
+        rec.update({f"greedy@{k + 1}": round(r, 4) for k, r in enumerate(greedy)})
         rec["expected_tau"] = expected_acceptance_length(rates)
+        rec["teacher_tail"] = round(float(vals["tail_sum"]) / max(float(vals["accept_n"].sum()), 1), 5)
         rec["positions"] = int(vals["accept_n"].sum())
+        rec["position1_examples"] = int(vals["accept_n"][0])
         rec["elapsed_s"] = round(elapsed, 1)
         if self.dist.is_main:
             with open(path, "a") as f:
@@ -312,14 +416,18 @@ class Trainer:
         dtype = torch.bfloat16 if self.config.save_dtype == "bf16" else torch.float32
         with torch.device("meta"):
             shadow = build_drafter(self.drafter.config, self.drafter.target)
-        state = {k: v.detach().to("cpu", dtype).clone() for k, v in self.drafter.state_dict().items()}
+        state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).clone()
+                 for k, v in self.drafter.state_dict().items()}
         shadow.load_state_dict(state, assign=True)
         return save_drafter(shadow, path)
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, elapsed_s: float = 0.0) -> None:
         if not self.dist.is_main:
             return
-        ckpt = self.out / "checkpoints" / f"step-{self.step}"
+        final = self.out / "checkpoints" / f"step-{self.step}"
+        # Written aside and renamed: a run killed mid-save leaves the previous checkpoint whole.
+        ckpt = final.with_name(f".partial-{final.name}")
+        shutil.rmtree(ckpt, ignore_errors=True)
         self.save_drafter(ckpt)
         tensors: dict[str, torch.Tensor] = {}
         names = {p: n for n, p in self.drafter.named_parameters()}
@@ -335,8 +443,11 @@ class Trainer:
                     steps[names[p]] = float(st["step"])
         save_file(tensors, str(ckpt / "trainer_state.safetensors"))
         (ckpt / "trainer_state.json").write_text(json.dumps(
-            {"step": self.step, "total_steps": self.total_steps, "adam_steps": steps,
+            {"step": self.step, "total_steps": self.total_steps, "adam_steps": steps, "train_s": elapsed_s,
+             "best_eval": self.best_eval, "evals_since_best": self.evals_since_best,
              "config": self.config.to_dict()}, indent=2) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        ckpt.rename(final)
         old = sorted((self.out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
         for p in old[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(p, ignore_errors=True)
@@ -362,6 +473,9 @@ class Trainer:
                         "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].to(p.device),
                     }
         self.step = int(meta["step"])
+        self.train_s = float(meta.get("train_s", 0.0))
+        self.best_eval = meta.get("best_eval")
+        self.evals_since_best = int(meta.get("evals_since_best", 0))
         for group in self.optimizer.param_groups:
             group["lr"] = group["initial_lr"] * self.lr_factor(self.step)
         self.scheduler.last_epoch = self.step
