@@ -199,14 +199,29 @@ def _exact_three_token_dist(target: Target, prompt: list[int], temperature: floa
     return probs
 
 
-@pytest.mark.parametrize("method", ["dspark", "eagle3"])
-def test_sampling_distribution_matches_target(tiny_target, method):
+@pytest.mark.parametrize("method", ["dspark", "eagle3", "dspark-reduced-vocab", "dflash-sample-from-anchor"])
+def test_sampling_distribution_matches_target(tiny_target, method, tmp_path):
+    """Also with a reduced draft vocabulary (two of the target's tokens can never be
+    drafted: q = 0 there) and in DeepSpec's block convention."""
     target = tiny_target
     prompt = [1, 2, 3, 4]
     temperature = 1.3
     exact = _exact_three_token_dist(target, prompt, temperature).flatten()
     n = 6000
-    spec = SpeculativeConfig(method=method, model="random", num_speculative_tokens=3)
+    model = "random"
+    if method == "dspark-reduced-vocab":
+        from dspark.drafters import create_drafter, save_drafter
+
+        method, model = "dspark", str(tmp_path / "reduced")
+        d = create_drafter("dspark", target.model, seed=0, block_size=4, draft_vocab_size=VOCAB - 2,
+                           draft_token_ids=list(range(2, VOCAB)))
+        save_drafter(d, model)
+    elif method == "dflash-sample-from-anchor":
+        from dspark.drafters import create_drafter, save_drafter
+
+        method, model = "dflash", str(tmp_path / "anchor")
+        save_drafter(create_drafter("dflash", target.model, seed=0, block_size=3, sample_from_anchor=True), model)
+    spec = SpeculativeConfig(method=method, model=model, num_speculative_tokens=3)
     engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=64, max_model_len=32))
     seqs = engine.generate([prompt] * n, [SamplingParams(temperature=temperature, max_tokens=4, seed=i,
                                                          ignore_eos=True) for i in range(n)])

@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", action="append", required=True, metavar="HELDOUT.jsonl",
                    help="held-out regenerated responses (repeatable)")
     p.add_argument("--acceptance", choices=["greedy", "analytic"], default="greedy", help="(default: %(default)s)")
-    p.add_argument("--blocks-per-seq", type=int, default=32, help="anchors per response (default: %(default)s)")
+    p.add_argument("--blocks-per-seq", type=int, default=64,
+                   help="anchors per forward and response; every response position is an anchor (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=4, help="responses per forward (default: %(default)s)")
     p.add_argument("--bins", type=int, default=15, help="ECE bins (default: %(default)s)")
     p.add_argument("--plot", default=None, metavar="PNG",

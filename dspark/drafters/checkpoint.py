@@ -10,6 +10,9 @@ they are never written (a drafter with a reduced draft vocabulary has its own
 target id i + d2t[i]) and `t2d` (bool over the target vocabulary), which are); a checkpoint that carries them (the public release does) is
 accepted when their shapes match the target, and they are ignored.
 
+`load_drafter` also reads the layouts of DeepSpec, speculators and SpecForge/vLLM
+EAGLE-3 (see `interop`, which also writes them).
+
 Only JSON and safetensors are read: no pickle, no remote code.
 """
 
@@ -26,6 +29,7 @@ from dspark.runtime.loader import read_safetensors_dir
 from .base import Drafter
 from .config import DrafterConfig, DrafterConfigError
 from .factory import build_drafter
+from .interop import import_config, import_weights
 from .target_parts import TargetParts
 
 SHARED_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
@@ -57,7 +61,7 @@ def save_drafter(drafter: Drafter, path: str | Path) -> Path:
     return path
 
 
-def read_config(path: str | Path) -> DrafterConfig:
+def read_config_json(path: str | Path) -> dict:
     p = Path(path) / "config.json"
     try:
         raw = json.loads(p.read_text())
@@ -65,10 +69,22 @@ def read_config(path: str | Path) -> DrafterConfig:
         raise DrafterCheckpointError(f"{p} not found: a drafter checkpoint directory needs config.json") from None
     except json.JSONDecodeError as e:
         raise DrafterCheckpointError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise DrafterCheckpointError(f"{p} must hold a JSON object")
+    return raw
+
+
+def read_layout(path: str | Path, target_num_layers: int | None = None) -> tuple[str, DrafterConfig]:
+    """(layout, config) of a checkpoint directory in any layout `interop` reads."""
+    raw = read_config_json(path)
     try:
-        return DrafterConfig.from_dict(raw)
+        return import_config(raw, target_num_layers)
     except DrafterConfigError as e:
-        raise DrafterCheckpointError(f"{p}: {e}") from None
+        raise DrafterCheckpointError(f"{Path(path) / 'config.json'}: {e}") from None
+
+
+def read_config(path: str | Path) -> DrafterConfig:
+    return read_layout(path)[1]
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -92,12 +108,15 @@ def load_drafter(path: str | Path, target_model, dtype: torch.dtype | None = Non
     path = Path(path)
     if not path.is_dir():
         raise DrafterCheckpointError(f"drafter checkpoint {str(path)!r} is not a directory")
-    config = read_config(path)
     target = TargetParts.of(target_model)
+    layout, config = read_layout(path, target.cfg.num_layers)
     problems = config.check_target(target.cfg)
     if problems:
         raise DrafterCheckpointError(f"{path} does not fit the target: " + "; ".join(problems))
-    weights = _read_weights(path)
+    try:
+        weights = import_weights(layout, _read_weights(path), config)
+    except DrafterConfigError as e:
+        raise DrafterCheckpointError(f"{path} ({layout} layout): {e}") from None
     want_shape = (target.cfg.vocab_size, target.cfg.hidden_size)
     for name in SHARED_WEIGHTS:
         if name == "lm_head.weight" and config.reduced_vocab:

@@ -41,6 +41,17 @@ DEFAULT_NUM_TAPS = {"dspark": 5, "dflash": 5, "eagle3": 3}
 DEFAULT_BLOCK_SIZE = {"dspark": 8, "dflash": 8, "eagle3": 8, "mtp": 2}
 
 
+# Every field `DrafterConfig.to_dict` writes (and `from_dict` reads) at the top level.
+CONFIG_JSON_FIELDS = frozenset({
+    "architectures", "model_type", "hidden_act", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+    "rope_parameters", "max_position_embeddings", "attention_bias", "vocab_size", "tie_word_embeddings",
+    "block_size", "target_layer_ids", "num_target_layers", "mask_token_id", "num_anchors", "markov_rank",
+    "markov_head_type", "enable_confidence_head", "confidence_head_with_markov", "draft_vocab_size",
+    "sample_from_anchor",
+})
+
+
 class DrafterConfigError(ValueError):
     """A drafter configuration that cannot be built (bad field value or combination)."""
 
@@ -328,14 +339,7 @@ class DrafterConfig:
             {k: v for k, v in rope.items() if k != "rope_theta"}
             if rope.get("rope_type", "default") != "default" else None
         )
-        known = {
-            "architectures", "model_type", "hidden_act", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
-            "rope_parameters", "max_position_embeddings", "attention_bias", "vocab_size", "tie_word_embeddings",
-            "block_size", "target_layer_ids", "num_target_layers", "mask_token_id", "num_anchors", "markov_rank",
-            "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-            "dflash_config", "dspark_config", "draft_vocab_size", "sample_from_anchor",
-        }
+        known = CONFIG_JSON_FIELDS | {"dflash_config", "dspark_config"}
         try:
             return cls(
                 method=method,

@@ -41,10 +41,17 @@ class AcceptanceResult:
         return asdict(self)
 
 
+NGRAM = "ngram"  # `--drafter ngram`: model-free prompt lookup (n = 1..3), the drafter-free baseline
+NGRAM_MAX_DRAFT = 15
+
+
 def drafter_method(path: str | Path) -> tuple[str, int]:
-    """(method, most tokens it drafts per round) from a checkpoint's config.json."""
+    """(method, most tokens it drafts per round) from a checkpoint's config.json
+    (`ngram` names prompt lookup)."""
     from dspark.drafters.checkpoint import read_config
 
+    if str(path) == NGRAM:
+        return NGRAM, NGRAM_MAX_DRAFT
     cfg = read_config(path)
     return cfg.method, cfg.max_draft_tokens
 
@@ -77,8 +84,12 @@ def measure_acceptance(
 ) -> AcceptanceResult:
     method, most = drafter_method(drafter_path)
     used = min(block, most)
-    spec = SpeculativeConfig(method=method, model=str(drafter_path), num_speculative_tokens=used,
-                             verification_policy="fixed")
+    if method == NGRAM:
+        spec = SpeculativeConfig(method=NGRAM, num_speculative_tokens=used, verification_policy="fixed",
+                                 prompt_lookup_min=1, prompt_lookup_max=3)
+    else:
+        spec = SpeculativeConfig(method=method, model=str(drafter_path), num_speculative_tokens=used,
+                                 verification_policy="fixed")
     engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len))
     params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i) for i in range(len(prompts))]
     t0 = time.perf_counter()

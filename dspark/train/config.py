@@ -27,6 +27,7 @@ class TrainConfig:
     batch_size: int = 8  # sequences per optimizer step, over all processes
     blocks_per_seq: int = 64  # anchors per sequence visit; an epoch trains every response position once
     draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent response tokens)
+    sample_from_anchor: bool = False  # DeepSpec's block convention (block drafters)
     teacher_topk: int = 32  # p kept as its top-k
     position_decay: float = 4.0  # block position weights exp(-k/decay)
     lr: float = 6e-4
@@ -35,7 +36,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
-    precision: str = "auto"  # bf16 autocast on CUDA, fp32 on a CPU (see trainer.autocast_dtype)
+    precision: str = "auto"  # bf16 autocast on CUDA and bf16-capable CPUs (see trainer.autocast_dtype)
     max_seq_len: int = 1024
     # output
     save_every: int = 200
@@ -80,6 +81,8 @@ class TrainConfig:
             raise UserError(f"--save-dtype must be bf16 or fp32, got {self.save_dtype!r}")
         if self.method == "mtp" and self.block_size not in (None, 2):
             raise UserError("mtp drafts one token per round; leave --block-size out (it is 2)")
+        if self.sample_from_anchor and self.method not in ("dspark", "dflash"):
+            raise UserError(f"--sample-from-anchor applies to dspark and dflash, not {self.method}")
         if self.method != "dspark" and self.markov_rank:
             raise UserError(f"--markov-rank applies to dspark only, not {self.method}")
 
@@ -96,6 +99,8 @@ class TrainConfig:
             sizes["block_size"] = self.ttt_steps + 1
         if self.target_layer_ids is not None:
             sizes["target_layer_ids"] = list(self.target_layer_ids)
+        if self.sample_from_anchor:
+            sizes["sample_from_anchor"] = True
         return sizes
 
     def to_dict(self) -> dict:

@@ -31,7 +31,7 @@ import torch
 
 from dspark.eval.calibration import DEFAULT_BINS, auroc, brier, ece
 
-from .data import TrainSequence, sample_anchors
+from .data import TrainSequence, visit_anchors, visits_per_sequence
 from .objectives import AnchorBatch, block_forward
 
 ACCEPTANCE_KINDS = ("greedy", "analytic")
@@ -63,7 +63,8 @@ def collect_confidences(
     seed: int = 0,
     progress: bool = False,
 ) -> ConfidenceSet:
-    """Teacher-forced drafts over sampled anchors of `seqs` (the teacher's sequences)."""
+    """Teacher-forced drafts over every anchor of `seqs` (the teacher's sequences), in
+    visits of at most `blocks_per_seq` anchors."""
     from tqdm import tqdm
 
     from dspark.train.losses import position_terms
@@ -73,18 +74,22 @@ def collect_confidences(
     gamma = drafter.max_draft_tokens
     logits_out, acc_out, valid_out = [], [], []
     dev = drafter.device
-    for start in tqdm(range(0, len(seqs), batch_size), desc="calibration data", disable=not progress,
+    items = [(i, v) for i, n in enumerate(visits_per_sequence(seqs, blocks_per_seq)) for v in range(n)]
+    for start in tqdm(range(0, len(items), batch_size), desc="calibration data", disable=not progress,
                       dynamic_ncols=True):
-        idx = list(range(start, min(start + batch_size, len(seqs))))
-        anchors = [sample_anchors(seqs[i], blocks_per_seq, seed, 0, i) for i in idx]
+        chunk = items[start : start + batch_size]
+        idx = [i for i, _ in chunk]
+        anchors = [visit_anchors(seqs[i], blocks_per_seq, seed, 0, i, v) for i, v in chunk]
         batch = AnchorBatch.build([seqs[i].tokens for i in idx], anchors, gamma, dev)
-        hidden, p_logits = teacher.teach(idx, batch.target_rows())
+        hidden, targets = teacher.teach(idx, batch.target_rows())
         drafted = block_forward(drafter, batch, hidden.to(drafter.dtype))
         valid = batch.valid  # [B, A, γ]
+        p_ids = drafter.to_draft_ids(targets.ids)
         if acceptance == "greedy":
-            ok = (drafted.logits.argmax(-1) == p_logits.argmax(-1)).double()
+            ok = (drafted.logits.argmax(-1) == p_ids[:, 0]).double()
         else:
-            ok = position_terms(drafted.logits, p_logits, batch.labels()).accept.double()
+            labels = drafter.to_draft_ids(batch.labels())
+            ok = position_terms(drafted.logits, p_ids, targets.probs, labels).accept.double()
         full_ok = torch.zeros(valid.shape, dtype=torch.float64, device=dev)
         full_z = torch.zeros(valid.shape, dtype=torch.float64, device=dev)
         full_ok[valid] = ok
