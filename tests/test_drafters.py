@@ -391,7 +391,8 @@ def test_checkpoint_mismatches_are_clear(target, tmp_path):
 
 def test_public_release_layout_for_a_qwen3_target(tmp_path):
     """A DSpark checkpoint written as the public release lays it out (config field
-    names, rope_parameters, shared embedding and LM head inside) loads and drafts."""
+    names, rope_parameters, shared embedding and LM head inside, the block convention
+    stated: see test_interop for a checkpoint without it) loads and drafts."""
     target = tiny_target("qwen3")
     h, hd, heads, kv, inter, r, gamma = 32, 16, 4, 2, 48, 8, 3
     cfg = {
@@ -403,7 +404,7 @@ def test_public_release_layout_for_a_qwen3_target(tmp_path):
         "dtype": "bfloat16", "use_cache": True, "layer_types": ["full_attention"] * 2,
         "block_size": gamma + 1, "mask_token_id": VOCAB - 2, "target_layer_ids": [0, 2, 3],
         "num_target_layers": 4, "num_anchors": 512, "markov_rank": r, "markov_head_type": "vanilla",
-        "enable_confidence_head": True, "confidence_head_with_markov": True,
+        "enable_confidence_head": True, "confidence_head_with_markov": True, "sample_from_anchor": False,
     }
     g = torch.Generator().manual_seed(0)
 

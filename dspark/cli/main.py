@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "data": "data",
     "train": "train",
     "calibrate": "calibrate",
+    "export": "export",
     "eval": "eval",
     "bench": "bench",
 }

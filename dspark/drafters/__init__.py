@@ -3,7 +3,8 @@
 `base` holds the contract the speculative loop talks to. Weighted drafters (DSpark,
 DFlash, Eagle3, MTP-1) share the target's embedding and LM head and one decoder-layer
 implementation (`layers`); `ngram` needs no weights. `create_drafter` builds a fresh
-one, `load_drafter`/`save_drafter` read and write checkpoint directories.
+one, `load_drafter`/`save_drafter` read and write checkpoint directories
+(`load_drafter` also reads other engines' layouts, `export_drafter` writes them).
 """
 
 from .autoregressive import Eagle3Drafter, MTPDrafter
@@ -12,6 +13,7 @@ from .checkpoint import DrafterCheckpointError, load_drafter, save_drafter
 from .config import DrafterConfig, DrafterConfigError
 from .dspark import DSparkDrafter
 from .factory import create_drafter
+from .interop import export_drafter
 from .ngram import NgramDrafter
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "MTPDrafter",
     "NgramDrafter",
     "create_drafter",
+    "export_drafter",
     "load_drafter",
     "save_drafter",
 ]

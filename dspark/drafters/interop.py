@@ -119,7 +119,8 @@ def _block_convention(d: dict, default: bool | None) -> bool:
         return not d["dspark_bonus_anchor"]
     if default is None:
         arch = (d.get("architectures") or ["?"])[0]
-        raise DrafterConfigError(f"this {arch} checkpoint lacks the field 'sample_from_anchor': {SAMPLE_FROM_ANCHOR_HELP}")
+        raise DrafterConfigError(
+            f"this {arch} checkpoint lacks the field 'sample_from_anchor': {SAMPLE_FROM_ANCHOR_HELP}")
     return default
 
 
@@ -248,29 +249,31 @@ def import_weights(layout: str, weights: dict[str, torch.Tensor], config: Drafte
 
 
 def export_drafter(drafter_dir: str | Path, fmt: str, out_dir: str | Path, target=None) -> Path:
-    """Write the dspark checkpoint `drafter_dir` in layout `fmt` (deepspec, speculators,
-    eagle3) to `out_dir`; returns it. `target` (a `Target` or `Transformer`) supplies
-    the target's LM head rows (and embedding) that eagle3 and speculators ship and the
-    verifier name speculators records; it is required for those two. calibration.json
-    is copied along."""
+    """Write the drafter checkpoint `drafter_dir` (any layout `load_drafter` reads) in
+    layout `fmt` (deepspec, speculators, eagle3) to `out_dir`; returns it. `target` (a
+    `Target` or `Transformer`) supplies the target's LM head rows (and embedding) that
+    eagle3 and speculators ship and the verifier name speculators records; it is
+    required for those two. calibration.json is copied along."""
     from .checkpoint import CALIBRATION_FILE, DrafterCheckpointError, _read_weights, read_layout
     from .target_parts import TargetParts
 
     src = Path(drafter_dir)
     if fmt not in EXPORT_FORMATS:
         raise DrafterCheckpointError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
-    layout, cfg = read_layout(src)
-    if layout != "dspark":
-        raise DrafterCheckpointError(f"{src} is already in the {layout} layout; export reads dspark checkpoints")
     parts = TargetParts.of(target) if target is not None else None
+    if parts is None and fmt != "deepspec":
+        raise DrafterCheckpointError(f"exporting to {fmt} needs the target (its LM head ships with the drafter)")
+    layout, cfg = read_layout(src, parts.cfg.num_layers if parts is not None else None)
     if parts is not None:
         problems = cfg.check_target(parts.cfg)
         if problems:
             raise DrafterCheckpointError(f"{src} does not fit the target: " + "; ".join(problems))
-    elif fmt != "deepspec":
-        raise DrafterCheckpointError(f"exporting to {fmt} needs the target (its LM head ships with the drafter)")
     try:
-        config, weights = _EXPORTERS[fmt](cfg, _read_weights(src), parts, target)
+        weights = import_weights(layout, _read_weights(src), cfg)
+        weights.pop("embed_tokens.weight", None)  # the target's, shared
+        if not cfg.reduced_vocab:
+            weights.pop("lm_head.weight", None)
+        config, weights = _EXPORTERS[fmt](cfg, weights, parts, target)
     except DrafterConfigError as e:
         raise DrafterCheckpointError(f"{src} cannot be exported to {fmt}: {e}") from None
     from safetensors.torch import save_file
@@ -278,7 +281,8 @@ def export_drafter(drafter_dir: str | Path, fmt: str, out_dir: str | Path, targe
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     if (src / CALIBRATION_FILE).is_file():
         shutil.copyfile(src / CALIBRATION_FILE, out / CALIBRATION_FILE)
     elif (out / CALIBRATION_FILE).exists():
@@ -355,7 +359,7 @@ def _to_speculators(cfg: DrafterConfig, weights: dict, parts, target) -> tuple[d
                  use_sliding_window=False)
     taps = [i + 1 for i in cfg.target_layer_ids]
     config = {
-        "architectures": [{"dspark": "DSparkSpeculator", "dflash": "DFlashSpeculator", "eagle3": "Eagle3Speculator"}[cfg.method]],
+        "architectures": [next(a for a, m in SPECULATORS_ARCHITECTURES.items() if m == cfg.method)],
         "speculators_model_type": cfg.method,
         "speculators_config": {
             "algorithm": cfg.method,
