@@ -27,10 +27,10 @@ COMMON=(--data "$DATA" --eval-data "$HELD" --feature-cache "$CACHE" --draft-voca
         --batch-size 4 --position-decay 2 --threads "$THREADS" --no-progress --log-every 10
         --save-every-min "$SAVE_MIN" --time-limit-min "$MINUTES" $RESUME)
 declare -A ARGS=(
-  [dspark]="--block-size 7 --sample-from-anchor --markov-rank 64 --blocks-per-seq 64 --max-steps 800"
-  [dflash]="--block-size 8 --blocks-per-seq 64 --max-steps 800"
-  [eagle3]="--ttt-steps 7 --blocks-per-seq 256 --max-steps 300"
-  [mtp]="--blocks-per-seq 256 --max-steps 1800"
+  [dspark]="--block-size 7 --sample-from-anchor --markov-rank 64 --blocks-per-seq 64 --max-steps 1150"
+  [dflash]="--block-size 8 --blocks-per-seq 64 --max-steps 1100"
+  [eagle3]="--ttt-steps 7 --blocks-per-seq 256 --max-steps 420"
+  [mtp]="--blocks-per-seq 256 --max-steps 2600"
 )
 
 # The feature cache (target hidden states + top-k of p) is built once, with every thread.

@@ -179,7 +179,8 @@ def plot_training(log_path, png_path):
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left" if ax is not axes[0] else "upper right", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left" if ax is not axes[0] else "upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)

@@ -7,10 +7,12 @@ Data flow of one `draft` call for request r with context length P:
     (each layer's k/v projections of f_p sit in the request's KV slot, written once by
     `append_context`; a rollback only moves the slot's length)
 
-    block  = [anchor at P, mask at P+1 .. P+γ]                 (γ = block_size - 1)
+    block  = [anchor at P, mask at P+1 .. P+block_size-1]
     every layer: queries = block, keys/values = [context 0..P-1 ; block], non-causal
-    h_k    = norm(output at block position k),  k = 1..num_tokens
-    logits = lm_head(h_k) (+ Markov bias of the token drafted at k-1)
+    h_k    = norm(output at block slot k),  k = 1..num_tokens   (γ = block_size - 1)
+             (with `sample_from_anchor`, DeepSpec's convention: slot k-1, γ = block_size)
+    logits = lm_head(h_k) (+ Markov bias of the token drafted at k-1), over the draft
+             vocabulary (the target's, or a reduced one mapped back through d2t)
     c_k    = confidence head (h_k, Markov latent)
 
 The backbone runs once per call for all requests (one padded batch); only the cheap

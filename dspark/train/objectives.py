@@ -7,7 +7,8 @@ the target's logits at row a+k (teacher forcing: the target reads the data token
 
 * Block drafters (dspark, dflash): every block [anchor, mask, ..., mask] attends to
   the injected context features of positions < a and to itself (non-causal), all
-  blocks of a sequence in one backbone forward with a block-diagonal mask. q_k
+  blocks of a sequence in one backbone forward with a block-diagonal mask. Drafted
+  token k comes from block slot k + 1 (slot k with `sample_from_anchor`). q_k
   includes the Markov bias of the TRUE previous token (the anchor for k = 0).
 * Eagle3: training-time test. Step 1 runs the causal drafter over every pair
   (f_j, t_{j+1}) of the sequence; the chain of anchor a starts at pair j = a-1.
@@ -16,8 +17,8 @@ the target's logits at row a+k (teacher forcing: the target reads the data token
   to its own chain's earlier steps: the keys decoding would have in its cache.
 * MTP-1: step 1 only.
 
-Each forward returns a `Drafted`: the drafter's logits (and DSpark's confidence
-logits) of the valid drafted positions (label inside the sequence), flattened in
+Each forward returns a `Drafted`: the drafter's logits over its draft vocabulary
+(and DSpark's confidence logits) of the valid drafted positions (label inside the sequence), flattened in
 (sequence, anchor, position) order, the order of `AnchorBatch.labels`,
 `.positions` and `.target_rows`.
 """
