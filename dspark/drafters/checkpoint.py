@@ -48,7 +48,7 @@ def save_drafter(drafter: Drafter, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
-    dtype = next(iter(state.values())).dtype
+    dtype = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
     cfg = {**config.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
