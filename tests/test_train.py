@@ -222,7 +222,7 @@ def test_an_epoch_trains_every_response_position_once():
     seqs = [TrainSequence(str(i), "math", list(range(10 + 7 * i)), prompt_len=4 + i) for i in range(6)]
     per_visit = 5
     visits = visits_per_sequence(seqs, per_visit)
-    plan = BatchPlan(visits, 2, seed=0)
+    plan = BatchPlan(visits, 1, seed=0)  # batches of one visit: no incomplete last batch is dropped
     seen: dict[int, list[int]] = {i: [] for i in range(len(seqs))}
     for step in range(plan.steps_per_epoch):
         epoch, items = plan.local_batch(step)
@@ -231,15 +231,25 @@ def test_an_epoch_trains_every_response_position_once():
             a = visit_anchors(seqs[i], per_visit, 0, epoch, i, v)
             assert len(a) <= per_visit and a == sorted(set(a))
             seen[i] += a
-    dropped = plan.num_items % 2  # the incomplete last batch
-    covered = sum(len(v) for v in seen.values())
-    total = sum(s.num_anchor_positions for s in seqs)
-    assert covered <= total and (dropped or covered == total)
+    assert sum(len(v) for v in seen.values()) == sum(s.num_anchor_positions for s in seqs)
     for i, anchors in seen.items():
         assert len(anchors) == len(set(anchors))
         assert all(seqs[i].prompt_len <= a <= len(seqs[i].tokens) - 2 for a in anchors)
     # the order depends on the epoch and the seed only
-    assert plan.local_batch(plan.steps_per_epoch)[1] == BatchPlan(visits, 2, seed=0).local_batch(plan.steps_per_epoch)[1]
+    assert plan.local_batch(plan.steps_per_epoch)[1] == BatchPlan(visits, 1, seed=0).local_batch(plan.steps_per_epoch)[1]
+
+
+def test_draft_vocabulary_is_the_most_frequent_response_tokens():
+    from dspark.train.data import TrainSequence
+    from dspark.train.vocab import coverage, most_frequent, response_token_counts
+
+    seqs = [TrainSequence("a", "math", [9, 9, 9, 5, 5, 7, 3, 3], prompt_len=3),  # prompt 9 9 9 is not counted
+            TrainSequence("b", "code", [1, 7, 3, 8], prompt_len=1)]
+    counts = response_token_counts(seqs, 10)
+    assert counts.tolist() == [0, 0, 0, 3, 0, 2, 0, 2, 1, 0]
+    assert most_frequent(counts, 2) == [3, 5]  # 5 and 7 tie: the lower id wins
+    assert most_frequent(counts, 3, always=[9]) == [3, 5, 9]
+    assert coverage(seqs, [3, 5], 10) == pytest.approx(5 / 8)
 
 
 def test_cached_teacher_equals_running_the_target(tiny_target, tiny_data, tmp_path):

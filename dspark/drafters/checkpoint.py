@@ -5,10 +5,11 @@ calibration, `calibration.json` (`{"temperatures": [T_1, ..., T_γ]}`).
 Weight names are the drafter's state-dict names (`layers.N.self_attn.q_proj.weight`,
 `fc.weight`, `hidden_norm.weight`, `norm.weight`, `markov_head.markov_w1.weight`,
 `confidence_head.proj.weight`, ...). The target's embedding and LM head are shared, so
-they are never written (a drafter with a reduced draft vocabulary has its own
-`lm_head.weight` [draft_vocab_size, H] plus `d2t` (int64 offsets: draft index i is
-target id i + d2t[i]) and `t2d` (bool over the target vocabulary), which are); a checkpoint that carries them (the public release does) is
-accepted when their shapes match the target, and they are ignored.
+they are never written; a checkpoint that carries them (the public release does) is
+accepted when their shapes match the target, and they are ignored. A drafter with a
+reduced draft vocabulary does write its own `lm_head.weight` [draft_vocab_size, H],
+`d2t` (int64 offsets: draft index i is target id i + d2t[i]) and `t2d` (bool over the
+target vocabulary).
 
 `load_drafter` also reads the layouts of DeepSpec, speculators and SpecForge/vLLM
 EAGLE-3 (see `interop`, which also writes them).

@@ -44,6 +44,7 @@ class KVDrafter(Drafter):
         # Reduced draft vocabulary (EAGLE-3/vLLM/SpecForge convention): an own LM head over
         # `draft_vocab_size` target tokens; draft index i is target id i + d2t[i]; t2d marks
         # the target ids inside the draft vocabulary.
+        self._t2d_index: torch.Tensor | None = None  # target id -> draft index, built on first use
         if config.reduced_vocab:
             self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
@@ -85,7 +86,7 @@ class KVDrafter(Drafter):
         """Target ids -> draft indices (-1 outside the draft vocabulary)."""
         if self.lm_head is None:
             return target_ids
-        index = getattr(self, "_t2d_index", None)
+        index = self._t2d_index
         if index is None or index.device != self.d2t.device:
             index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
             index[self.draft_token_ids()] = torch.arange(self.d2t.shape[0], device=self.d2t.device)

@@ -103,6 +103,16 @@ def visits_per_sequence(seqs: list[TrainSequence], per_visit: int) -> list[int]:
     return [max(1, -(-s.num_anchor_positions // per_visit)) for s in seqs]
 
 
+def visit_batches(seqs: list[TrainSequence], per_visit: int, batch_size: int, seed: int,
+                  epoch: int = 0) -> list[tuple[list[int], list[list[int]]]]:
+    """Every visit of every sequence in order, `batch_size` visits at a time, as
+    (sequence indices, anchors of each visit): one pass over every anchor, for
+    held-out evaluation and calibration."""
+    items = [(i, v) for i, n in enumerate(visits_per_sequence(seqs, per_visit)) for v in range(n)]
+    return [([i for i, _ in chunk], [visit_anchors(seqs[i], per_visit, seed, epoch, i, v) for i, v in chunk])
+            for chunk in (items[s : s + batch_size] for s in range(0, len(items), batch_size))]
+
+
 def epoch_order(num_items: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(num_items, generator=_generator(seed, epoch, -1)).tolist()
 

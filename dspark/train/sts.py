@@ -31,7 +31,7 @@ import torch
 
 from dspark.eval.calibration import DEFAULT_BINS, auroc, brier, ece
 
-from .data import TrainSequence, visit_anchors, visits_per_sequence
+from .data import TrainSequence, visit_batches
 from .objectives import AnchorBatch, block_forward
 
 ACCEPTANCE_KINDS = ("greedy", "analytic")
@@ -74,12 +74,8 @@ def collect_confidences(
     gamma = drafter.max_draft_tokens
     logits_out, acc_out, valid_out = [], [], []
     dev = drafter.device
-    items = [(i, v) for i, n in enumerate(visits_per_sequence(seqs, blocks_per_seq)) for v in range(n)]
-    for start in tqdm(range(0, len(items), batch_size), desc="calibration data", disable=not progress,
-                      dynamic_ncols=True):
-        chunk = items[start : start + batch_size]
-        idx = [i for i, _ in chunk]
-        anchors = [visit_anchors(seqs[i], blocks_per_seq, seed, 0, i, v) for i, v in chunk]
+    for idx, anchors in tqdm(visit_batches(seqs, blocks_per_seq, batch_size, seed), desc="calibration data",
+                             disable=not progress, dynamic_ncols=True):
         batch = AnchorBatch.build([seqs[i].tokens for i in idx], anchors, gamma, dev)
         hidden, targets = teacher.teach(idx, batch.target_rows())
         drafted = block_forward(drafter, batch, hidden.to(drafter.dtype))

@@ -39,7 +39,7 @@ from dspark.errors import UserError
 from dspark.runtime.target import Target
 
 from .config import TrainConfig
-from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visits_per_sequence
+from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visit_batches, visits_per_sequence
 from .losses import (expected_acceptance_length, greedy_match, per_position_means, position_terms, position_weights,
                      weighted_sums)
 from .objectives import AnchorBatch, draft_forward
@@ -126,8 +126,8 @@ def num_positions(drafter, config: TrainConfig) -> int:
 def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
     """bf16 autocast on CUDA and on CPUs with native bf16 (avx512_bf16/AMX), fp32
     elsewhere. Measured on a 2-core EPYC with avx512_bf16 (dspark, 4 sequence visits x
-    64 blocks x 7 positions, draft vocabulary 8k, one thread): fp32 3.8 s/step, bf16
-    autocast 2.5 s/step, the same losses to two digits. Master weights, optimizer
+    64 blocks x 7 positions, draft vocabulary 8k, one thread, another job on the other
+    core): fp32 3.8 s/step, bf16 autocast 2.5 s/step, the same losses to two digits. Master weights, optimizer
     state and the loss stay fp32. `--precision fp32|bf16` forces either."""
     if precision == "fp32":
         return None
@@ -265,17 +265,13 @@ class Trainer:
         target's; conditional rates per position and τ = 1 + Σ_k Π_{j≤k} match_j (the
         acceptance length of greedy verification at this block, one round per anchor)."""
         teacher, seqs, gamma = self.eval_teacher, self.eval_seqs, self.gamma
-        per_visit = self.config.blocks_per_seq
-        items = [(i, v) for i, n in enumerate(visits_per_sequence(seqs, per_visit)) for v in range(n)]
+        cfg = self.config
         match_n = torch.zeros(gamma, dtype=torch.float64)
         seen_n = torch.zeros(gamma, dtype=torch.float64)
         tau_sum, anchors = 0.0, 0
         was_training = self.drafter.training
         self.drafter.eval()
-        for start in range(0, len(items), self.config.batch_size):
-            chunk = items[start : start + self.config.batch_size]
-            idx = [i for i, _ in chunk]
-            anchors_of = [visit_anchors(seqs[i], per_visit, self.config.seed, 0, i, v) for i, v in chunk]
+        for idx, anchors_of in visit_batches(seqs, cfg.blocks_per_seq, cfg.batch_size, cfg.seed):
             batch = AnchorBatch.build([seqs[i].tokens for i in idx], anchors_of, gamma, self.device)
             hidden, targets = teacher.teach(idx, batch.target_rows())
             drafted = self._forward(batch, hidden)
@@ -312,6 +308,7 @@ class Trainer:
                    disable=not (cfg.progress and self.dist.is_main), dynamic_ncols=True)
         t0 = time.perf_counter()
         last_save = t0
+        saved_step = -1
         acc: dict[str, torch.Tensor] = {}
         last: dict = {}
         stopped = ""
@@ -333,7 +330,7 @@ class Trainer:
                 if self._eval_and_log(log_path, self.train_s + now - t0):
                     stopped = "early stop"
                 self.save_checkpoint(self.train_s + time.perf_counter() - t0)
-                last_save = time.perf_counter()
+                last_save, saved_step = time.perf_counter(), self.step
                 if stopped:
                     break
             if self._out_of_time(t0):
@@ -342,8 +339,9 @@ class Trainer:
         bar.close()
         if acc:
             last = self._log(acc, log_path, self.train_s + time.perf_counter() - t0)
-        self._eval_and_log(log_path, self.train_s + time.perf_counter() - t0)
-        self.save_checkpoint(self.train_s + time.perf_counter() - t0)
+        if saved_step != self.step:  # stopped right after a checkpoint: it is already evaluated and saved
+            self._eval_and_log(log_path, self.train_s + time.perf_counter() - t0)
+            self.save_checkpoint(self.train_s + time.perf_counter() - t0)
         if self.dist.is_main:
             self.save_drafter(self.out)
             if stopped:

@@ -26,17 +26,20 @@ def response_token_counts(seqs: list[TrainSequence], vocab_size: int) -> torch.T
 
 
 def most_frequent(counts: torch.Tensor, n: int, always: list[int] | None = None) -> list[int]:
-    """The `n` most frequent token ids (ties broken by the lower id), `always` included,
-    sorted by id."""
+    """The `n` most frequent token ids (ties broken by the lower id: BPE merges frequent
+    pieces first), `always` included, sorted by id."""
     if not 1 <= n <= counts.numel():
         raise ValueError(f"draft vocabulary size must be in 1..{counts.numel()}, got {n}")
-    keep = set(int(t) for t in (always or []))
-    order = sorted(range(counts.numel()), key=lambda t: (-int(counts[t]), t))
+    keep = list(dict.fromkeys(int(t) for t in (always or [])))[:n]
+    order = torch.argsort(-counts, stable=True).tolist()  # stable: equal counts stay in id order
+    chosen = set(keep)
     for t in order:
         if len(keep) >= n:
             break
-        keep.add(t)
-    return sorted(keep)[:n] if len(keep) > n else sorted(keep)
+        if t not in chosen:
+            keep.append(t)
+            chosen.add(t)
+    return sorted(keep)
 
 
 def coverage(seqs: list[TrainSequence], token_ids: list[int], vocab_size: int) -> float:
