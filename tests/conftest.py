@@ -17,6 +17,18 @@ def default_target_fp32():
 
 
 @pytest.fixture(scope="session")
+def default_target_bf16w():
+    """The default model with bf16 weights and fp32 compute (the native kernel), the
+    precision `--dtype auto` picks on CPUs without avx512_bf16."""
+    from dspark.runtime import cpu_kernels
+    from dspark.runtime.target import Target
+
+    if not cpu_kernels.available():
+        pytest.skip(f"native kernel unavailable: {cpu_kernels.why_unavailable()}")
+    return Target.load("default", dtype="bf16w", device="cpu", max_len=1024)
+
+
+@pytest.fixture(scope="session")
 def default_target():
     """The default model in the runtime's default dtype (bf16 on these CPUs)."""
     from dspark.runtime.target import Target

@@ -80,7 +80,13 @@ ROUND_TRIPS = [
     ("eagle3", "eagle3", {"draft_vocab_size": 40}),
     ("eagle3", "speculators", {}),
     ("eagle3", "speculators", {"draft_vocab_size": 40}),
+    ("dspark", "llama.cpp", {"draft_vocab_size": 40}),
+    ("dflash", "llama.cpp", {}),
+    ("dflash", "llama.cpp", {"draft_vocab_size": 40, "sample_from_anchor": True}),
+    ("eagle3", "llama.cpp", {}),
 ]
+# the layout each method's llama.cpp export is written in
+LLAMA_CPP_LAYOUT = {"dspark": "deepspec", "dflash": "deepspec", "eagle3": "eagle3"}
 
 
 @pytest.mark.parametrize("method,fmt,sizes", ROUND_TRIPS,
@@ -93,8 +99,9 @@ def test_export_then_load_drafts_identically(method, fmt, sizes, tiny_target, tm
     src = save_drafter(original, tmp_path / "ours")
     out = export_drafter(src, fmt, tmp_path / fmt, target=tiny_target)
     raw = json.loads((out / "config.json").read_text())
-    assert detect_layout(raw) == fmt
+    assert detect_layout(raw) == (LLAMA_CPP_LAYOUT[method] if fmt == "llama.cpp" else fmt)
     back = load_drafter(out, tiny_target.model)
+    assert back.method == method
     assert back.config.sample_from_anchor == original.config.sample_from_anchor
     assert back.target_layer_ids == original.target_layer_ids and back.max_draft_tokens == original.max_draft_tokens
     if method == "dspark":
@@ -349,3 +356,30 @@ def test_llama_cpp_converter_reads_an_exported_dspark_drafter(tiny_dir, tiny_tar
     assert "t2d" not in tensors
     assert tensors["d2t"].data.tolist() == d.draft_token_ids().tolist()  # absolute target ids
     assert list(tensors["output.weight"].shape) == [H, vd]
+
+
+def test_llama_cpp_converter_reads_an_exported_dflash_drafter(tiny_dir, tiny_target, tmp_path):
+    """DFlash goes through llama.cpp's DSpark reader: the GGUF records the block
+    convention (its DFlash reader would leave llama-server to assume sample_from_anchor)
+    and the reduced vocabulary's d2t, and holds no Markov or confidence head."""
+    llcpp = _llama_cpp_dir()
+    if llcpp is None:
+        pytest.skip("llama.cpp source not found: set DSPARK_LLAMA_CPP_DIR or run scripts/install_llama_cpp.sh")
+    pytest.importorskip("sentencepiece", reason="llama.cpp's converter imports sentencepiece")
+    from gguf import GGUFReader
+
+    d = make("dflash", tiny_target, draft_vocab_size=40)
+    assert d.config.sample_from_anchor is False
+    out = export_drafter(save_drafter(d, tmp_path / "d"), "llama.cpp", tmp_path / "lc")
+    gguf_path = tmp_path / "draft.gguf"
+    run = subprocess.run([sys.executable, str(llcpp / "convert_hf_to_gguf.py"), str(out), "--target-model-dir",
+                          str(_bpe_target_dir(tiny_dir, tmp_path / "target")), "--outtype", "bf16",
+                          "--outfile", str(gguf_path)], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    reader = GGUFReader(str(gguf_path))
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.token")}
+    assert fields["general.architecture"] == "dflash"
+    assert fields["dflash.sample_from_anchor"] is False and fields["dflash.has_confidence_head"] is False
+    tensors = {t.name for t in reader.tensors}
+    assert "d2t" in tensors and not {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight"} & tensors

@@ -91,9 +91,11 @@ def _plain_reference(target: Target, prompts: list[list[int]], max_tokens: int) 
     return [generate_plain(target, p, SamplingParams(max_tokens=max_tokens)).token_ids for p in prompts]
 
 
-@pytest.fixture(scope="module")
-def greedy_case(default_target_fp32):
-    target = default_target_fp32
+@pytest.fixture(scope="module", params=["fp32", "bf16w"])
+def greedy_case(request):
+    """The default model in each CPU precision `--dtype auto` can pick without
+    avx512_bf16 (fp32, bf16w), with plain greedy references decoded in that precision."""
+    target = request.getfixturevalue(f"default_target_{request.param}")
     prompts = [target.tokenizer.chat_prompt(p) for p in ALL_PROMPTS]
     refs = _plain_reference(target, prompts, 24)
     return target, prompts, refs

@@ -10,8 +10,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="default",
                    help="Hugging Face model directory (config.json + safetensors), or 'default' for the "
                         "embedded SmolLM2-135M-Instruct (default: %(default)s)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                   help="weights/activation dtype; auto = bf16 on CUDA and on CPUs with avx512_bf16, else fp32")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "bf16w"],
+                   help="precision: bf16w = bf16 weights with fp32 compute (a native AVX2 kernel, for CPUs "
+                        "without avx512_bf16); auto = bf16 on accelerators, and on a CPU the fastest of "
+                        "fp32 / bf16 / bf16w for this model by a short measurement at start-up (it says "
+                        "what it picked)")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     g.add_argument("--max-model-len", type=int, default=2048,

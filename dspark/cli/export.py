@@ -25,6 +25,13 @@ FORMAT_HELP = """formats:
                llama-server --spec-type draft-eagle3). Eagle3 drafters with a Llama
                layer and exactly 3 taps.
 
+  llama.cpp    what llama.cpp's convert_hf_to_gguf.py reads for each method: DSpark as
+               deepspec, Eagle3 as eagle3, and DFlash through its DSpark reader
+               (Qwen3DSparkModel without a Markov head), since its DFlash reader drops
+               the block convention and a reduced vocabulary's d2t. Convert with
+               --target-model-dir and serve with --spec-type draft-dspark /
+               draft-dflash / draft-eagle3.
+
 calibration.json (DSpark's STS temperatures) is copied along; `dspark generate/serve
 --speculative-config '{"model": OUT}'` loads every format back. See the README section
 "Serving a drafter on llama.cpp and vLLM" for the full commands."""
@@ -33,13 +40,13 @@ calibration.json (DSpark's STS temperatures) is copied along; `dspark generate/s
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="write a drafter in the layout llama.cpp, vLLM or speculators reads (deepspec, speculators, eagle3)",
+        help="write a drafter in the layout llama.cpp, vLLM or speculators reads (deepspec, speculators, eagle3, llama.cpp)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write the drafter checkpoint DRAFTER in another engine's layout to OUT.\n\n" + FORMAT_HELP,
     )
     p.add_argument("drafter", metavar="DRAFTER",
                    help="a drafter checkpoint directory (dspark's, or any layout dspark loads)")
-    p.add_argument("--to", required=True, dest="fmt", choices=["deepspec", "speculators", "eagle3"],
+    p.add_argument("--to", required=True, dest="fmt", choices=["deepspec", "speculators", "eagle3", "llama.cpp"],
                    help="the layout to write")
     p.add_argument("out", metavar="OUT", help="output directory (created; files in it are overwritten)")
     add_model_args(p)

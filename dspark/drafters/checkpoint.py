@@ -145,7 +145,7 @@ def load_drafter(path: str | Path, target_model, dtype: torch.dtype | None = Non
     bad = [f"{k} {list(weights[k].shape)} (expected {list(s)})" for k, s in expected.items() if tuple(weights[k].shape) != s]
     if bad:
         raise DrafterCheckpointError(f"{path}: weights of the wrong shape: {', '.join(bad[:6])}")
-    dtype = dtype or target.embed_tokens.weight.dtype
+    dtype = dtype or target.dtype
     # Copies, not views of the file buffer: fresh (aligned) memory keeps kernels and
     # results identical to the drafter that was saved.
     state = {k: v.to(device=target.device, dtype=dtype if v.is_floating_point() else v.dtype, copy=True)

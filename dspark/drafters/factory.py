@@ -79,4 +79,4 @@ def create_drafter(
         drafter.set_draft_vocab(ids)
     elif draft_token_ids is not None:
         raise DrafterConfigError("draft_token_ids given without a reduced draft_vocab_size")
-    return drafter.to(device=target.device, dtype=dtype or target.embed_tokens.weight.dtype).eval()
+    return drafter.to(device=target.device, dtype=dtype or target.dtype).eval()

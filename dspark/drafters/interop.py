@@ -41,6 +41,7 @@ converter does.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import shutil
 from pathlib import Path
 
@@ -56,7 +57,7 @@ from .config import (
 )
 
 LAYOUTS = ("dspark", "deepspec", "speculators", "eagle3")
-EXPORT_FORMATS = ("deepspec", "speculators", "eagle3")
+EXPORT_FORMATS = ("deepspec", "speculators", "eagle3", "llama.cpp")
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 SPECULATORS_ARCHITECTURES = {"DSparkSpeculator": "dspark", "DFlashSpeculator": "dflash", "Eagle3Speculator": "eagle3"}
 _OWN_KEYS = CONFIG_JSON_FIELDS | {"dtype"}
@@ -126,7 +127,13 @@ def _block_convention(d: dict, default: bool | None) -> bool:
 
 def _deepspec_config(raw: dict, target_num_layers: int | None) -> DrafterConfig:
     d = _flatten(raw, ("dflash_config", "dspark_config"))
-    method, _ = parse_architecture((d.get("architectures") or [""])[0] or "?")
+    method, model_type = parse_architecture((d.get("architectures") or [""])[0] or "?")
+    if method == "dspark" and d.get("markov_rank") == 0 and not d.get("enable_confidence_head"):
+        # a DSpark layout without its heads is DFlash (how `--to llama.cpp` writes DFlash)
+        d["architectures"] = [architecture_name("dflash", model_type)]
+        for k in _HEAD_KEYS:
+            d.pop(k, None)
+        method = "dflash"
     if method in ("dspark", "dflash"):
         d["sample_from_anchor"] = _block_convention(d, None)
     d.pop("dspark_bonus_anchor", None)
@@ -333,6 +340,24 @@ def _to_deepspec(cfg: DrafterConfig, weights: dict, parts, target) -> tuple[dict
     return config, dict(weights)
 
 
+def _to_llamacpp(cfg: DrafterConfig, weights: dict, parts, target) -> tuple[dict, dict]:
+    """What llama.cpp's convert_hf_to_gguf.py reads for each method. DSpark: deepspec.
+    Eagle3: eagle3. DFlash: through its DSpark reader (Qwen3DSparkModel without a Markov
+    or confidence head, `markov_rank: 0`). Its DFlash reader writes neither the block
+    convention (llama-server then assumes sample_from_anchor) nor a reduced
+    vocabulary's d2t; the DSpark reader writes both, and the same runtime without a
+    Markov head is DFlash (serve with --spec-type draft-dflash)."""
+    if cfg.method == "eagle3":
+        return _to_eagle3(cfg, weights, parts, target)
+    if cfg.method != "dflash":
+        return _to_deepspec(cfg, weights, parts, target)
+    _need_qwen3_block(cfg, "llama.cpp")
+    config, weights = _to_deepspec(replace(cfg, sample_from_anchor=False), weights, parts, target)
+    config.update(architectures=["Qwen3DSparkModel"], markov_rank=0, enable_confidence_head=False,
+                  sample_from_anchor=cfg.sample_from_anchor, dspark_bonus_anchor=not cfg.sample_from_anchor)
+    return config, weights
+
+
 def _verifier(target) -> dict:
     path = getattr(target, "path", None)
     archs = []
@@ -425,4 +450,5 @@ def _to_eagle3(cfg: DrafterConfig, weights: dict, parts, target) -> tuple[dict, 
     return config, out
 
 
-_EXPORTERS = {"deepspec": _to_deepspec, "speculators": _to_speculators, "eagle3": _to_eagle3}
+_EXPORTERS = {"deepspec": _to_deepspec, "speculators": _to_speculators, "eagle3": _to_eagle3,
+              "llama.cpp": _to_llamacpp}

@@ -41,4 +41,9 @@ class TargetParts:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Already-normed drafter hidden [..., hidden] -> fp32 logits [..., vocab]."""
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        return self.lm_head(hidden.to(self.dtype)).float()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The target's compute dtype (its weights may be stored narrower: bf16w)."""
+        return self.final_norm_weight.dtype

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from .config import ConfigError, ModelConfig
-from .model import Transformer, pack_cpu_bf16_linears
+from .model import Transformer, pack_cpu_bf16_linears, use_bf16_weights
 
 
 class ModelLoadError(ValueError):
@@ -34,11 +34,10 @@ def resolve_model_path(model: str | None) -> Path:
     return p
 
 
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.bfloat16
-    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+#: what `--dtype` accepts besides auto: bf16w = bf16 weights, fp32 compute (native kernel)
+PRECISIONS = ("bf16", "fp16", "fp32", "bf16w")
+_ALIASES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+_COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "bf16w": torch.float32}
 
 
 def cpu_has_bf16() -> bool:
@@ -49,14 +48,81 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def parse_dtype(name: str | None, device: torch.device | str) -> torch.dtype:
+def parse_precision(name: str | None, device: torch.device | str) -> str:
+    """A `--dtype` value -> one of PRECISIONS, or "auto" (chosen at load time by
+    `choose_precision`, which needs the model's shapes)."""
     if name in (None, "auto"):
-        return default_dtype(device)
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-             "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose auto, bf16, fp16 or fp32")
-    return table[name]
+        return "bf16" if torch.device(device).type == "cuda" else "auto"
+    p = _ALIASES.get(name, name)
+    if p not in PRECISIONS:
+        raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(PRECISIONS)}")
+    if p == "bf16w":
+        from . import cpu_kernels
+
+        if torch.device(device).type != "cpu":
+            raise ValueError("--dtype bf16w is a CPU precision; use bf16 on accelerators")
+        if not cpu_kernels.available():
+            raise ValueError(f"--dtype bf16w needs the native CPU kernel: {cpu_kernels.why_unavailable()}")
+    return p
+
+
+def parse_dtype(name: str | None, device: torch.device | str) -> torch.dtype:
+    """The compute dtype a `--dtype` value stands for (auto: without measuring)."""
+    p = parse_precision(name, device)
+    if p == "auto":
+        return torch.bfloat16 if cpu_has_bf16() else torch.float32
+    return _COMPUTE[p]
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    return parse_dtype("auto", device)
+
+
+def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
+    """The fastest CPU precision for this model on this CPU, by a short measurement
+    (well under a second): a decode-sized (1 row) and a verification-sized (8 rows)
+    product with the model's MLP shape, for each precision that runs fast here
+    (bf16 only with avx512_bf16/AMX, bf16w where the native kernel builds, fp32
+    always). Returns (precision, a line saying what was measured)."""
+    import time
+
+    from . import cpu_kernels
+    from .model import _PackedLinearForward, _Bf16WeightLinearForward
+
+    candidates = ["fp32"]
+    if cpu_has_bf16():
+        candidates.append("bf16")
+    if cpu_kernels.available():
+        candidates.append("bf16w")
+    if len(candidates) == 1:
+        why = cpu_kernels.why_unavailable()
+        return "fp32", "dtype auto: fp32" + (f" (bf16w unavailable: {why})" if why else "")
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(2 * cfg.intermediate_size, cfg.hidden_size, generator=gen) * 0.02
+    xs = [torch.randn(m, cfg.hidden_size, generator=gen) for m in (1, 8)]
+    ms: dict[str, float] = {}
+    with torch.inference_mode():
+        for name in candidates:
+            lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
+            lin.weight = torch.nn.Parameter(w.to(torch.bfloat16 if name != "fp32" else torch.float32),
+                                            requires_grad=False)
+            fwd = {"fp32": lin.forward, "bf16": _PackedLinearForward(lin) if name == "bf16" else None,
+                   "bf16w": _Bf16WeightLinearForward(lin)}[name]
+            inputs = [x.to(torch.bfloat16) if name == "bf16" else x for x in xs]
+            times = []
+            for r in range(repeats + 2):
+                t0 = time.perf_counter()
+                for x in inputs:
+                    fwd(x)
+                if r >= 2:
+                    times.append(time.perf_counter() - t0)
+            ms[name] = sorted(times)[len(times) // 2] * 1e3
+    # Preference order bf16 > bf16w > fp32: the first within 10 % of the fastest, so a
+    # near-tie does not flip the precision (and the outputs) from one start to the next.
+    fastest = min(ms.values())
+    best = next(p for p in ("bf16", "bf16w", "fp32") if p in ms and ms[p] <= 1.1 * fastest)
+    report = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(ms.items(), key=lambda kv: kv[1]))
+    return best, f"dtype auto: {best} (decode-sized matmuls: {report})"
 
 
 def default_device() -> torch.device:
@@ -121,15 +187,26 @@ def fuse_hf_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[st
 
 def load_transformer(
     path: str | Path,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     device: torch.device | str = "cpu",
     max_len: int | None = None,
+    log=None,
 ) -> Transformer:
+    """`dtype`: a torch dtype, or a precision name (PRECISIONS or "auto"; auto is
+    measured on CPUs by `choose_precision`, and `log` gets the line saying what it
+    picked)."""
     path = Path(path)
     try:
         cfg = ModelConfig.from_dir(path)
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
+    precision = dtype if isinstance(dtype, str) else {v: k for k, v in _COMPUTE.items() if k != "bf16w"}[dtype]
+    precision = parse_precision(precision, device)
+    if precision == "auto":
+        precision, line = choose_precision(cfg)
+        if log is not None:
+            log(line)
+    dtype = _COMPUTE[precision]
     sd = fuse_hf_state_dict(cfg, read_safetensors_dir(path))
     with torch.device("meta"):
         model = Transformer(cfg, max_len=1)
@@ -147,5 +224,7 @@ def load_transformer(
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    if precision == "bf16w":
+        use_bf16_weights(model)
     pack_cpu_bf16_linears(model)
     return model

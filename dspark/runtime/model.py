@@ -250,8 +250,54 @@ def pack_cpu_bf16_linears(model: nn.Module) -> int:
         return 0
     n = 0
     for mod in model.modules():
-        if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.bfloat16 and mod.weight.device.type == "cpu":
-            mod.forward = _PackedLinearForward(mod)
+        if (isinstance(mod, nn.Linear) and mod.weight.dtype == torch.bfloat16 and mod.weight.device.type == "cpu"
+                and "forward" not in mod.__dict__):  # not already switched (bf16w)
+            try:
+                mod.forward = _PackedLinearForward(mod)
+            except RuntimeError:  # this oneDNN build has no bf16 path for this CPU (AVX2 only)
+                return n
+            n += 1
+    return n
+
+
+class _Bf16WeightLinearForward:
+    """`nn.Linear` with its weight stored in bf16 and computed in fp32 by the native
+    AVX2 kernel (`cpu_kernels.gemm_bf16w`): the `bf16w` precision. Autograd keeps a
+    plain fp32 path over the same (bf16-rounded) weight values."""
+
+    def __init__(self, module: nn.Linear) -> None:
+        self.module = module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from .cpu_kernels import gemm_bf16w
+
+        m = self.module
+        if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
+            bias = None if m.bias is None else m.bias.float()
+            return F.linear(x.float(), m.weight.float(), bias).to(x.dtype)
+        return gemm_bf16w(x, m.weight.detach(), None if m.bias is None else m.bias.detach()).to(x.dtype)
+
+
+def use_bf16_weights(model: nn.Module) -> int:
+    """Store every `nn.Linear` weight (and embedding table) of `model` in bf16 and run
+    the linears through the native bf16-weight/fp32-compute kernel; everything else
+    (norms, rotary tables, KV cache, activations) stays fp32. Tied weights stay tied.
+    Returns how many linears were switched."""
+    converted: dict[int, nn.Parameter] = {}
+
+    def to_bf16(p: nn.Parameter) -> nn.Parameter:
+        if id(p) not in converted:
+            converted[id(p)] = nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False)
+        return converted[id(p)]
+
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, nn.Embedding):
+            mod.weight = to_bf16(mod.weight)
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu":
+            mod.weight = to_bf16(mod.weight)
+            mod.forward = _Bf16WeightLinearForward(mod)
             n += 1
     return n
 
@@ -277,7 +323,16 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The compute dtype (activations, KV cache); weights may be stored narrower
+        (`use_bf16_weights`)."""
+        return self.norm.weight.dtype
+
+    @property
+    def precision(self) -> str:
+        """bf16, fp16, fp32 or bf16w (bf16 weights, fp32 compute)."""
+        if self.embed_tokens.weight.dtype == torch.bfloat16 and self.dtype == torch.float32:
+            return "bf16w"
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
 
     def ensure_rope(self, length: int) -> None:
         if length <= self._rope_len:
@@ -291,7 +346,7 @@ class Transformer(nn.Module):
         self._rope_len = length
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        return self.embed_tokens(input_ids).to(self.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on already-selected rows of the last layer's output."""
@@ -315,7 +370,7 @@ class Transformer(nn.Module):
         self.ensure_rope(cache.max_len)
         layout = _AttnPlan(batch, self.device, cache.num_slots)
         cache.ensure_initialized(layout.kv_len)
-        x = self.embed_tokens(batch.input_ids)
+        x = self.embed(batch.input_ids)
         dtype = x.dtype
         cos = self.rope_cos[batch.positions].to(dtype).unsqueeze(1)
         sin = self.rope_sin[batch.positions].to(dtype).unsqueeze(1)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .kv_cache import KVCachePool
-from .loader import default_device, load_transformer, parse_dtype, resolve_model_path
+from .loader import default_device, load_transformer, resolve_model_path
 from .model import Transformer
 from .tokenizer import Tokenizer
 
@@ -28,12 +29,19 @@ class Target:
         device: str | None = None,
         max_len: int = 4096,
         threads: int | None = None,
+        log=None,
     ) -> "Target":
+        """`dtype`: auto, bf16, fp16, fp32 or bf16w (bf16 weights, fp32 compute; the
+        native AVX2 kernel). auto is bf16 on accelerators; on a CPU it measures the
+        candidates for this model and prints its pick to stderr (or to `log`)."""
         if threads:
             torch.set_num_threads(threads)
         path = resolve_model_path(model)
         dev = torch.device(device) if device else default_device()
-        net = load_transformer(path, parse_dtype(dtype, dev), dev, max_len=max_len)
+        if log is None:
+            def log(line: str) -> None:
+                print(line, file=sys.stderr, flush=True)
+        net = load_transformer(path, dtype or "auto", dev, max_len=max_len, log=log)
         tok = Tokenizer(path, extra_eos_ids=net.cfg.eos_token_ids)
         name = "default" if model in (None, "", "default") else Path(model).name
         return cls(net, tok, path, name)
@@ -49,6 +57,10 @@ class Target:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
+
+    @property
+    def precision(self) -> str:
+        return self.model.precision
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCachePool:
         return KVCachePool(self.cfg, num_slots, max_len, self.dtype, self.device)

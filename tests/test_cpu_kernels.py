@@ -1,0 +1,100 @@
+"""The native bf16-weight kernel and the bf16w precision built on it: results against
+an fp64 reference and Hugging Face transformers, and independence from the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.runtime import cpu_kernels
+from dspark.runtime.batch import FlatBatch
+from dspark.runtime.kv_cache import KVCachePool
+from dspark.runtime.loader import choose_precision, load_transformer, parse_precision
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
+                                reason=f"native kernel unavailable: {cpu_kernels.why_unavailable()}")
+
+
+@pytest.mark.parametrize("k,n", [(64, 96), (576, 40), (37, 7), (8, 1), (1543, 13)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_matches_fp64_reference(k, n, bias):
+    g = torch.Generator().manual_seed(k * 31 + n)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g) if bias else None
+    for m in (1, 2, 3, 4, 5, 9, 33):
+        x = torch.randn(m, k, generator=g)
+        got = cpu_kernels.gemm_bf16w(x, w, b)
+        ref = x.double() @ w.double().T + (0 if b is None else b.double())
+        assert got.dtype == torch.float32 and got.shape == (m, n)
+        torch.testing.assert_close(got.double(), ref, atol=1e-4 * k**0.5, rtol=1e-5)
+
+
+def test_gemm_rows_do_not_depend_on_the_batch_or_threads():
+    """Each output element is computed the same way whatever rows share the call and
+    however many threads run: bit-identical, the property verification relies on."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(45, 300, generator=g).to(torch.bfloat16)
+    x = torch.randn(17, 300, generator=g)
+    full = cpu_kernels.gemm_bf16w(x, w)
+    for i in range(17):
+        assert torch.equal(cpu_kernels.gemm_bf16w(x[i : i + 1], w), full[i : i + 1])
+    assert torch.equal(cpu_kernels.gemm_bf16w(x[3:11], w), full[3:11])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(cpu_kernels.gemm_bf16w(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
+    # leading dimensions are kept
+    assert torch.equal(cpu_kernels.gemm_bf16w(x.view(1, 17, 300), w)[0], full)
+
+
+def test_gemm_rejects_what_it_cannot_run():
+    w = torch.randn(4, 8).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="features"):
+        cpu_kernels.gemm_bf16w(torch.randn(2, 9), w)
+    with pytest.raises(TypeError, match="bf16 weight"):
+        cpu_kernels.gemm_bf16w(torch.randn(2, 8), w.float())
+
+
+def _bf16_rounded_hf(hf):
+    """The Hugging Face model with every linear/embedding weight rounded to bf16, run in
+    fp32: what bf16w computes."""
+    import copy
+
+    ref = copy.deepcopy(hf)
+    with torch.no_grad():
+        for mod in ref.modules():
+            if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)):
+                mod.weight.copy_(mod.weight.to(torch.bfloat16).float())
+    return ref
+
+
+def test_bf16w_model_matches_transformers_with_rounded_weights(tiny_hf):
+    kind, path, hf = tiny_hf
+    model = load_transformer(path, "bf16w")
+    assert model.precision == "bf16w" and model.dtype == torch.float32
+    assert model.layers[0].qkv_proj.weight.dtype == torch.bfloat16
+    ref = _bf16_rounded_hf(hf)
+    ids = list(range(5, 25))
+    cache = KVCachePool(model.cfg, 2, 64, model.dtype)
+    slot = cache.allocate(0)
+    first = model(FlatBatch.from_requests([ids[:12]], [0], [slot], logits="all"), cache)[0]
+    rest = model(FlatBatch.from_requests([ids[12:]], [12], [slot], logits="all"), cache)[0]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(torch.cat([first, rest]), want, atol=1e-4, rtol=0)
+
+
+def test_precision_names_and_auto_choice(tiny_hf):
+    kind, path, _ = tiny_hf
+    assert parse_precision("bfloat16", "cpu") == "bf16" and parse_precision("float32", "cpu") == "fp32"
+    assert parse_precision(None, "cpu") == "auto"
+    with pytest.raises(ValueError, match="unknown dtype"):
+        parse_precision("int4", "cpu")
+    model = load_transformer(path, torch.float32)
+    picked, line = choose_precision(model.cfg, repeats=2)
+    assert picked in ("fp32", "bf16", "bf16w") and line.startswith(f"dtype auto: {picked}")
+    said = []
+    auto = load_transformer(path, "auto", log=said.append)
+    assert auto.precision in ("fp32", "bf16", "bf16w") and said and said[0].startswith("dtype auto:")
