@@ -268,7 +268,7 @@ def export_drafter(drafter_dir: str | Path, fmt: str, out_dir: str | Path, targe
     if fmt not in EXPORT_FORMATS:
         raise DrafterCheckpointError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     parts = TargetParts.of(target) if target is not None else None
-    if parts is None and fmt != "deepspec":
+    if parts is None and fmt not in ("deepspec", "llama.cpp"):
         raise DrafterCheckpointError(f"exporting to {fmt} needs the target (its LM head ships with the drafter)")
     layout, cfg = read_layout(src, parts.cfg.num_layers if parts is not None else None)
     if parts is not None:
@@ -348,6 +348,8 @@ def _to_llamacpp(cfg: DrafterConfig, weights: dict, parts, target) -> tuple[dict
     vocabulary's d2t; the DSpark reader writes both, and the same runtime without a
     Markov head is DFlash (serve with --spec-type draft-dflash)."""
     if cfg.method == "eagle3":
+        if parts is None:
+            raise DrafterConfigError("an Eagle3 export needs the target (its LM head ships with the drafter)")
         return _to_eagle3(cfg, weights, parts, target)
     if cfg.method != "dflash":
         return _to_deepspec(cfg, weights, parts, target)

@@ -38,7 +38,7 @@ def profile_target(target, max_tokens: int = 512, context_len: int = 256, tokens
 
     raw = measure_step_times(target, counts, context_len, tokens_per_request, warmup, repeats, tick)
     bar.close()
-    table = StepTimeTable(token_counts=counts, raw_ms=raw, model=target.name, dtype=str(target.dtype).removeprefix("torch."),
+    table = StepTimeTable(token_counts=counts, raw_ms=raw, model=target.name, dtype=getattr(target, "precision", None) or str(target.dtype).removeprefix("torch."),
                           device=device, machine=machine_id(), context_len=context_len)
     table.save(path)
     plot_table(table, path.with_suffix(".png"))

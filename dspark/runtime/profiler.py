@@ -38,6 +38,12 @@ def machine_id() -> str:
                 break
     except OSError:
         pass
+    from .cpu_kernels import cpu_flags
+
+    # CPUs of one model name come with and without avx512 (cloud EPYCs): the ISA counts
+    isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in cpu_flags()][:1]
+    if isa:
+        cpu += f" [{isa[0]}]"
     if torch.cuda.is_available():
         cpu += " / " + torch.cuda.get_device_name()
     return f"{cpu} x{torch.get_num_threads()}t"
@@ -47,7 +53,7 @@ def cache_key(target: Target, device: str, context_len: int, tokens_per_request:
     st = target.path / "model.safetensors"
     ident = f"{target.path.resolve()}:{st.stat().st_size if st.exists() else 0}"
     h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}".encode()).hexdigest()[:10]
-    dtype = str(target.dtype).removeprefix("torch.")
+    dtype = getattr(target, "precision", None) or str(target.dtype).removeprefix("torch.")
     return f"{target.path.name}-{dtype}-{device}-{h}"
 
 
