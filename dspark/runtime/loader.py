@@ -66,18 +66,6 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
     return p
 
 
-def parse_dtype(name: str | None, device: torch.device | str) -> torch.dtype:
-    """The compute dtype a `--dtype` value stands for (auto: without measuring)."""
-    p = parse_precision(name, device)
-    if p == "auto":
-        return torch.bfloat16 if cpu_has_bf16() else torch.float32
-    return _COMPUTE[p]
-
-
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    return parse_dtype("auto", device)
-
-
 def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     """The fastest CPU precision for this model on this CPU, by a short measurement
     (well under a second): a decode-sized (1 row) and a verification-sized (8 rows)
@@ -106,8 +94,8 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
             lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
             lin.weight = torch.nn.Parameter(w.to(torch.bfloat16 if name != "fp32" else torch.float32),
                                             requires_grad=False)
-            fwd = {"fp32": lin.forward, "bf16": _PackedLinearForward(lin) if name == "bf16" else None,
-                   "bf16w": _Bf16WeightLinearForward(lin)}[name]
+            fwd = {"fp32": lin.forward, "bf16": _PackedLinearForward, "bf16w": _Bf16WeightLinearForward}[name]
+            fwd = fwd if name == "fp32" else fwd(lin)
             inputs = [x.to(torch.bfloat16) if name == "bf16" else x for x in xs]
             times = []
             for r in range(repeats + 2):

@@ -20,6 +20,7 @@ from torch import nn
 
 from .attention import GROUPED_MAX_QUERIES, attention
 from .batch import FlatBatch
+from .cpu_kernels import gemm_bf16w
 from .config import ModelConfig
 from .kv_cache import KVCachePool
 
@@ -269,8 +270,6 @@ class _Bf16WeightLinearForward:
         self.module = module
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from .cpu_kernels import gemm_bf16w
-
         m = self.module
         if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
             bias = None if m.bias is None else m.bias.float()
