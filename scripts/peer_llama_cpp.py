@@ -21,22 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from peer_common import ROOT, export_drafter, load_target_and_prompts, our_acceptance, print_table, sh
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC_TYPES = {"dspark": "draft-dspark", "dflash": "draft-dflash", "eagle3": "draft-eagle3"}
-
-
-def sh(cmd: list[str], log: Path) -> None:
-    with log.open("w") as fh:
-        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        sys.exit(f"failed ({rc}): {' '.join(cmd)}; see {log}")
 
 
 def serve(llama: Path, args: list[str], port: int, log: Path):
@@ -76,22 +68,14 @@ def main() -> None:
         sys.exit(f"no llama-server under {llama}; run scripts/install_llama_cpp.sh first")
     work.mkdir(parents=True, exist_ok=True)
 
-    import torch
-
-    from dspark.bench.dataset import heldout_prompts
-    from dspark.eval.acceptance import measure_acceptance
     from dspark.runtime.default_model import default_model_dir
-    from dspark.runtime.target import Target
 
-    torch.set_num_threads(args.threads)
     tdir = default_model_dir()
     target_gguf = work / "target-bf16.gguf"
     if not target_gguf.is_file():
         sh([sys.executable, str(llama / "convert_hf_to_gguf.py"), str(tdir), "--outtype", "bf16",
             "--outfile", str(target_gguf)], work / "convert-target.log")
-    target = Target.load("default", dtype=args.dtype, max_len=2048)
-    prompts = [target.tokenizer.apply_chat_template(p.chat_messages())
-               for p in heldout_prompts("mixed", args.num_prompts)]
+    target, prompts = load_target_and_prompts(args.dtype, args.threads, args.num_prompts)
     common = ["-m", str(target_gguf), "-t", str(args.threads), "-c", "4096", "-np", "1", "--no-warmup"]
 
     with serve(llama, common, args.port, work / "server-plain.log") as srv:
@@ -99,11 +83,8 @@ def main() -> None:
     plain_tokens = [r.get("tokens") for r in plain]
     rows = []
     for method in args.methods.split(","):
-        shipped = ROOT / "dspark/drafters/shipped" / method
-        export = work / f"export-{method}"
+        export = export_drafter(method, "llama.cpp", work / f"export-{method}", work / f"export-{method}.log")
         draft_gguf = work / f"draft-{method}.gguf"
-        sh([sys.executable, "-m", "dspark.cli.main", "export", str(shipped), "--to", "llama.cpp", str(export),
-            "--dtype", "fp32"], work / f"export-{method}.log")
         sh([sys.executable, str(llama / "convert_hf_to_gguf.py"), str(export), "--target-model-dir", str(tdir),
             "--outtype", "bf16", "--outfile", str(draft_gguf)], work / f"convert-{method}.log")
         spec = ["-md", str(draft_gguf), "--spec-type", SPEC_TYPES[method], "--spec-draft-n-max", str(args.block),
@@ -115,13 +96,10 @@ def main() -> None:
         drafted = sum(r.get("timings", {}).get("draft_n", 0) for r in got)
         accepted = sum(r.get("timings", {}).get("draft_n_accepted", 0) for r in got)
         equal = sum(r.get("tokens") == p for r, p in zip(got, plain_tokens))
-        ours = measure_acceptance(target, shipped, args.block, prompts, max_tokens=args.max_tokens)
-        ours_rate = (ours.acceptance_length - 1) / ours.block  # accepted per drafted token
         rows.append({
             "method": method, "prompts": len(prompts), "greedy_equal_to_plain": equal,
             "llama_cpp": {"drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / max(1, drafted)},
-            "dspark": {"tau": ours.acceptance_length, "per_position": ours.per_position,
-                       "acceptance_rate": ours_rate, "rounds": ours.rounds, "tokens": ours.output_tokens},
+            "dspark": our_acceptance(target, method, args.block, prompts, args.max_tokens),
             "llama_cpp_wall_s": wall,
         })
         print(json.dumps(rows[-1]), flush=True)
@@ -129,14 +107,7 @@ def main() -> None:
               "dtype": args.dtype, "threads": args.threads, "rows": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print("| method | greedy = plain | llama.cpp acceptance | dspark acceptance | ratio | dspark tau |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        rate = r["dspark"]["acceptance_rate"]
-        print(f"| {r['method']} | {r['greedy_equal_to_plain']}/{r['prompts']} | "
-              f"{r['llama_cpp']['acceptance_rate']:.3f} | {rate:.3f} | "
-              f"{r['llama_cpp']['acceptance_rate'] / max(rate, 1e-9):.2f} | {r['dspark']['tau']:.2f} |")
-
+    print_table(rows, "llama_cpp", "llama.cpp")
 
 if __name__ == "__main__":
     main()

@@ -41,7 +41,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(table.to_json())
         return 0
-    print(f"{'reused cached' if cached else 'wrote'} {path}" + ("" if cached else f" and {path.with_suffix('.png')}"))
+    if cached:
+        print(f"reused cached {path}")
+    elif (table.conditions or {}).get("cached", True):
+        print(f"wrote {path} and {path.with_suffix('.png')}")
+    else:
+        print("measured on a busy machine: not cached" + (f" (written to {path} as asked)" if args.out else ""))
     for n in (1, 8, 16, 64, 128, 256, 512):
         if n <= table.token_counts[-1]:
             print(f"  {n:4d} tokens: {table.target_time(n) * 1000:7.1f} ms")

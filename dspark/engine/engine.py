@@ -9,6 +9,7 @@ knows nothing of HTTP; it detokenizes only to honour stop strings.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -71,6 +72,12 @@ class LLMEngine:
                              probe_every=spec.draft_probe_every if spec else 8)
         self.runner = SpecRunner(target.model, cache, drafter, policy, gamma)
         self.policy = policy
+        self.step_table = step_table
+        self.step_watch = None
+        if step_table is not None and target.device.type == "cpu":
+            from .profiling import StepWatch
+
+            self.step_watch = StepWatch(step_table)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # finished requests' counters, for metrics
@@ -139,7 +146,11 @@ class LLMEngine:
         # Admitted before the forward, so that after a failed step every request it
         # touched is in `running` and can be aborted (freeing its slot).
         self.running.extend(prefills)
+        t0 = time.perf_counter()
         emitted = self.runner.step(prefills, decodes)
+        if self.step_watch is not None:
+            self.step_watch.record(self.runner.last_forward_tokens, self.runner.last_drafted_requests,
+                                   time.perf_counter() - t0)
         outputs = []
         for seq in decodes + prefills:
             new = self._append(seq, emitted[seq.request_id])

@@ -37,6 +37,9 @@ class SpecRunner:
         self.num_spec = min(num_speculative_tokens, drafter.max_draft_tokens) if drafter else 0
         self.hidden_layers = list(drafter.target_layer_ids) if drafter else []
         self.device = model.device
+        #: the shape of the last step's work: tokens in its target forward, requests drafted for
+        self.last_forward_tokens = 0
+        self.last_drafted_requests = 0
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -103,6 +106,8 @@ class SpecRunner:
             logit_rows.append(row - 1)
         if not tokens:
             return {}
+        self.last_forward_tokens = row
+        self.last_drafted_requests = len(decodes) if draft_tokens is not None else 0
         batch = FlatBatch.from_requests(tokens, starts, slots, logits="none", device=self.device)
         batch.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         logits, hidden = self.model(batch, self.cache, self.hidden_layers)
@@ -123,6 +128,9 @@ class SpecRunner:
         result = rejection_sample(logits, d_tok.to(self.device), None if d_log is None else d_log.to(self.device),
                                   cu, [s.params for s in seqs], [s.generator for s in seqs])
 
+        if self.drafter is not None and lengths:
+            self.drafter.record_verification([s.request_id for s in decodes], lengths,
+                                             result.num_accepted[: len(decodes)])
         emitted: dict[object, list[int]] = {}
         ctx_ids, ctx_tokens, ctx_starts, ctx_rows = [], [], [], []
         for i, s in enumerate(seqs):

@@ -9,6 +9,7 @@ a KV context of `context_len` tokens.
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import statistics
 import time
@@ -71,8 +72,11 @@ def measure_step_times(
     warmup: int = 2,
     repeats: int = 5,
     progress: Callable[[int, float], None] | None = None,
+    spreads: list[float] | None = None,
 ) -> list[float]:
-    """Median milliseconds of one target forward for each token count."""
+    """Median milliseconds of one target forward for each token count. With `spreads`,
+    the relative spread (max - min) / median of each point's timed runs is appended
+    to it (a repeatability measure: near 0 on a quiet machine)."""
     max_req = max(-(-n // tokens_per_request) for n in token_counts)
     max_len = context_len + tokens_per_request + 1
     cache = target.new_cache(max_req, max_len)
@@ -102,6 +106,8 @@ def measure_step_times(
                 times.append((time.perf_counter() - t0) * 1000)
         ms = statistics.median(times)
         out.append(ms)
+        if spreads is not None:
+            spreads.append((max(times) - min(times)) / ms if ms > 0 else 0.0)
         if progress:
             progress(n, ms)
     return out
@@ -111,3 +117,44 @@ def profile_dir() -> Path:
     from .default_model import cache_root
 
     return cache_root() / "profiles"
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def busy_cores(interval: float = 0.5) -> float | None:
+    """How many CPU cores OTHER processes kept busy during `interval` seconds: the
+    machine's busy time (/proc/stat) minus this process's own CPU time, per second.
+    None where /proc/stat is unavailable."""
+
+    def machine_busy() -> float:
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:]]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+    def own() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    try:
+        b0, o0, t0 = machine_busy(), own(), time.perf_counter()
+        time.sleep(interval)
+        b1, o1, t1 = machine_busy(), own(), time.perf_counter()
+    except (OSError, ValueError):
+        return None
+    return max(0.0, ((b1 - b0) - (o1 - o0)) / (t1 - t0))
+
+
+def threads_for_load(threads: int, busy: float | None, cpus: int | None = None) -> int:
+    """Threads that fit beside `busy` cores of other work: OpenMP threads that share a
+    core with another process wait for it at every barrier, so a step with one thread
+    too many runs many times slower than one with a thread fewer."""
+    if busy is None or busy < 0.5:
+        return threads
+    free = max(1, (cpus or usable_cpus()) - int(busy + 0.5))
+    return max(1, min(threads, free))

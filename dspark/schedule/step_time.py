@@ -130,6 +130,8 @@ class StepTimeTable:
     device: str = ""
     machine: str = ""
     context_len: int = 0  # context length per request the profile ran at
+    #: how it was measured: threads, cores busy with other work, repeatability (None: unknown)
+    conditions: dict | None = None
 
     def __post_init__(self) -> None:
         self.token_counts = [int(c) for c in self.token_counts]
@@ -198,6 +200,7 @@ class StepTimeTable:
             "raw_ms": self.raw_ms,
             "step_ms": self.step_ms,
             "drafter": None if self.drafter is None else self.drafter.to_dict(),
+            "conditions": self.conditions,
         }
 
     def to_json(self) -> str:
@@ -222,6 +225,7 @@ class StepTimeTable:
                 device=d.get("device", ""),
                 machine=d.get("machine", ""),
                 context_len=int(d.get("context_len", 0)),
+                conditions=d.get("conditions") if isinstance(d.get("conditions"), dict) else None,
             )
         except ScheduleError:
             raise

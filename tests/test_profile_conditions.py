@@ -1,0 +1,113 @@
+"""The step-time profile under a busy machine: the probe of other processes' CPU
+time, fewer threads when cores are taken, no caching of noisy tables, re-measuring a
+cached table that a spot check contradicts or that cannot be read, and the serving
+watch that falls back to fewer threads when steps run far slower than the table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dspark.engine import profiling
+from dspark.runtime import profiler
+from dspark.schedule.step_time import StepTimeTable
+
+
+def test_threads_for_load():
+    assert profiler.threads_for_load(2, None, cpus=2) == 2
+    assert profiler.threads_for_load(2, 0.2, cpus=2) == 2
+    assert profiler.threads_for_load(2, 1.0, cpus=2) == 1
+    assert profiler.threads_for_load(8, 2.6, cpus=8) == 5
+    assert profiler.threads_for_load(2, 5.0, cpus=2) == 1  # never below one
+
+
+def test_busy_cores_sees_another_process_spinning():
+    if profiler.busy_cores(0.05) is None:
+        pytest.skip("no /proc/stat here")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = profiler.busy_cores(1.0)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy >= 0.6, busy  # one core taken by the spinner (our own CPU time is subtracted)
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    from conftest import make_tiny_hf_model
+    from dspark.runtime.loader import load_transformer
+    from dspark.runtime.target import Target
+
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    make_tiny_hf_model("llama", tmp_path / "m")
+    threads = torch.get_num_threads()
+    yield Target(load_transformer(tmp_path / "m", torch.float32), None, tmp_path / "m", "tiny")
+    torch.set_num_threads(threads)
+
+
+def test_quiet_profile_is_cached_with_its_conditions_and_reused(tiny, monkeypatch):
+    monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: 0.0)
+    monkeypatch.setattr(profiling, "spot_check", lambda *a: (True, "ok"))
+    monkeypatch.setattr(profiling, "NOISY_SPREAD", float("inf"))  # tiny steps are all jitter
+    table, path, cached = profiling.profile_target(tiny, max_tokens=16, repeats=2, warmup=1, quiet=True)
+    assert not cached and path.is_file()
+    assert table.conditions["cached"] and table.conditions["threads"] == torch.get_num_threads()
+    assert StepTimeTable.load(path).conditions == table.conditions
+    again, path2, cached2 = profiling.profile_target(tiny, max_tokens=16, repeats=2, warmup=1, quiet=True)
+    assert cached2 and path2 == path and again.raw_ms == table.raw_ms
+
+
+def test_busy_machine_gets_fewer_threads_and_no_cache(tiny, monkeypatch, capsys):
+    torch.set_num_threads(2)
+    monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: 1.0)
+    monkeypatch.setattr(profiler, "usable_cpus", lambda: 2)
+    table, path, cached = profiling.profile_target(tiny, max_tokens=16, repeats=2, warmup=1)
+    err = capsys.readouterr().err
+    assert torch.get_num_threads() == 1 and "using 1 thread(s) instead of 2" in err
+    assert "not cached" in err and not path.is_file() and not table.conditions["cached"]
+    assert table.conditions["threads_requested"] == 2
+
+
+def test_a_cached_table_that_no_longer_holds_or_is_corrupt_is_measured_again(tiny, monkeypatch, capsys):
+    monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: 0.0)
+    monkeypatch.setattr(profiling, "NOISY_SPREAD", float("inf"))
+    _, path, _ = profiling.profile_target(tiny, max_tokens=16, repeats=2, warmup=1, quiet=True)
+    # a table 1000x faster than this machine: the spot check (real forwards) rejects it
+    fake = StepTimeTable.load(path)
+    StepTimeTable(fake.token_counts, [t / 1000 for t in fake.raw_ms], model=fake.model).save(path)
+    table, _, cached = profiling.profile_target(tiny, max_tokens=16, repeats=2, warmup=1)
+    assert not cached and "no longer holds" in capsys.readouterr().err
+    assert StepTimeTable.load(path).raw_ms == table.raw_ms
+    path.write_text("{ not json")
+    _, _, cached = profiling.profile_target(tiny, max_tokens=16, repeats=2, warmup=1)
+    assert not cached and "cannot use the cached step-time table" in capsys.readouterr().err
+    StepTimeTable.load(path)  # rewritten, readable
+
+
+def test_step_watch_falls_back_to_fewer_threads_and_returns(monkeypatch, capsys):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        table = StepTimeTable.synthetic(base_ms=10, knee=16, per_token_ms=0.5, max_tokens=256)
+        watch = profiling.StepWatch(table, window=4, factor=3.0, recheck=3)
+        busy = {"now": 1.0}
+        monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: busy["now"])
+        monkeypatch.setattr(profiler, "usable_cpus", lambda: 2)
+        for _ in range(4):
+            watch.record(8, 2, 0.012)  # 1.2x the table: fine
+        assert torch.get_num_threads() == 2 and watch.slow_windows == 0
+        for _ in range(4):
+            watch.record(8, 2, 0.5)  # 50x the table
+        assert watch.slow_windows == 1 and watch.fallbacks == 1 and torch.get_num_threads() == 1
+        busy["now"] = 0.0
+        for _ in range(3):
+            watch.record(8, 2, 0.012)
+        assert torch.get_num_threads() == 2 and not watch.reduced
+        err = capsys.readouterr().err
+        assert "using 1 thread(s)" in err and "back to 2 threads" in err
+    finally:
+        torch.set_num_threads(threads)
