@@ -9,7 +9,10 @@ own keys `verification_policy`, `confidence_threshold`, `async_lag`,
 `draft_probe_every` (dspark-async: skip the drafter while it does not pay, drafting
 every N-th such step anyway; 0 never skips), `markov_candidates` (dspark: the Markov
 head biases the backbone's top-N tokens per position; 0 = the full vocabulary),
-`prompt_lookup_max`, `prompt_lookup_min`.
+`prompt_lookup_max`, `prompt_lookup_min` (ngram, and hybrid lookup), and `lookup`
+(dspark: hybrid drafting, prompt lookup and the DSpark block in one block, per
+position the proposal with the higher calibrated confidence; `lookup_calibration`
+names a table fitted by `dspark calibrate-lookup`, default the shipped one).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class SpeculativeConfig:
     markov_candidates: int | None = None  # None: the drafter's default (64)
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
+    lookup: bool = False
+    lookup_calibration: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -53,6 +58,13 @@ class SpeculativeConfig:
             _check_non_negative_int("markov_candidates", self.markov_candidates, " (0 = full vocabulary)")
             if self.method != "dspark":
                 raise UserError(f"markov_candidates applies to the dspark method's Markov head, not {self.method!r}")
+        if not isinstance(self.lookup, bool):
+            raise UserError(f"lookup must be true or false, got {self.lookup!r}")
+        if (self.lookup or self.lookup_calibration) and self.method != "dspark":
+            raise UserError(f"lookup (hybrid drafting) combines prompt lookup with the dspark method's confidences, "
+                            f"not with {self.method!r}")
+        if self.lookup_calibration is not None and not self.lookup:
+            raise UserError("lookup_calibration is given but lookup is not enabled (\"lookup\": true)")
         if not 0 < self.confidence_threshold < 1:
             raise UserError(f"confidence_threshold must be in (0, 1), got {self.confidence_threshold!r}")
         if self.method == "mtp" and n not in (None, 1):
@@ -118,6 +130,11 @@ def build_drafter(spec: SpeculativeConfig, target):
     if spec.markov_candidates is not None:
         drafter.markov_candidates = spec.markov_candidates
     pack_cpu_bf16_linears(drafter)
+    if spec.lookup:
+        from dspark.drafters.lookup import HybridDrafter, LookupCalibration
+
+        calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
+        drafter = HybridDrafter(drafter, calibration, spec.prompt_lookup_max, spec.prompt_lookup_min)
     return drafter
 
 

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     a.add_argument("--drafter", action="append", required=True, metavar="DIR",
                    help="drafter checkpoint directory (repeatable); 'ngram' = model-free prompt lookup "
-                        "(n = 1..3), the baseline a trained drafter has to beat")
+                        "(n = 1..3), the baseline a trained drafter has to beat; DIR+lookup = hybrid drafting, "
+                        "prompt lookup and the dspark drafter DIR in one block")
     a.add_argument("--block", default="7",
                    help="drafted tokens per round, comma-separated for several, e.g. 7,15 (default: %(default)s); "
                         "a drafter that drafts fewer (MTP-1) runs at its maximum")

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "data": "data",
     "train": "train",
     "calibrate": "calibrate",
+    "calibrate-lookup": "calibrate_lookup",
     "export": "export",
     "eval": "eval",
     "bench": "bench",

@@ -48,12 +48,16 @@ class DraftOutput:
     `num_tokens`). Only proposers that can run out of tokens set it (n-gram: no
     earlier match, or a match near the end); the rest of such a row is -1 and must
     not be verified.
+    `num_lookup` (hybrid drafting only) is how many leading tokens of each row came
+    from prompt lookup, with a point-mass q (their `logits` row is 0 at the token and
+    -inf elsewhere).
     """
 
     tokens: torch.Tensor  # [R, num_tokens] int64
     logits: torch.Tensor | None  # [R, num_tokens, vocab]
     confidence: torch.Tensor | None = None  # [R, num_tokens]
     num_valid: torch.Tensor | None = None  # [R] int64
+    num_lookup: torch.Tensor | None = None  # [R] int64
 
 
 class Drafter(torch.nn.Module):
@@ -90,6 +94,11 @@ class Drafter(torch.nn.Module):
 
     def context_length(self, request_id: object) -> int:
         raise NotImplementedError
+
+    def record_verification(self, request_ids: list[object], lengths: list[int], accepted: list[int]) -> None:
+        """The outcome of the last round per request: `lengths[i]` drafted tokens were
+        verified and the first `accepted[i]` of them accepted. Drafters that learn
+        online (hybrid lookup calibration) override it."""
 
     def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:
         """Propose `num_tokens` (1..max_draft_tokens) tokens for every request; each

@@ -151,11 +151,19 @@ class DSparkDrafter(KVDrafter):
             self.pool.lengths[slot] = self._context_len[slot] = start + len(toks)
 
     @torch.inference_mode()
-    def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:
+    def draft(self, requests: list[DraftRequest], num_tokens: int,
+              lookup: list[tuple[list[int], list[float]]] | None = None) -> DraftOutput:
+        """`lookup` (hybrid drafting, needs the confidence head): per request, prompt-lookup
+        tokens and their calibrated confidences. Position k takes the lookup token when
+        every earlier position did and its confidence is at least the drafter's c_k
+        (computed from tokens < k, before token k is drawn); its q is then a point mass.
+        `num_lookup` of the output says how many leading tokens came from lookup."""
         slots = self._claim_draft(requests, num_tokens)
         dev, r, q = self.device, len(requests), self.config.block_size
         if r == 0:
             return _empty_output(num_tokens, self.target.cfg.vocab_size, self.confidence_head is not None, dev)
+        if lookup is not None and self.confidence_head is None:
+            raise ValueError("lookup proposals need the confidence head (method dspark)")
         lens = [self._context_len[s] for s in slots]
         anchors = torch.tensor([req.anchor_token for req in requests], dtype=torch.long, device=dev)  # [R]
         x = self.target.embed(self.block_token_ids(anchors), self.dtype)  # [R, Q, hidden]
@@ -168,6 +176,10 @@ class DSparkDrafter(KVDrafter):
         first = self.config.first_draft_slot
         h = self.norm(self.run_backbone(x, positions, context, mask)[:, first : first + num_tokens])  # [R, n, hidden]
         base = self.head_logits(h)  # [R, n, draft vocab]
+        if lookup is not None:
+            look_tok, look_conf = _lookup_tensors(lookup, num_tokens, dev)
+            alive = torch.ones(r, dtype=torch.bool, device=dev)
+            used, confs = [], []
 
         tokens, logits, latents = [], [], []
         prev, latent = anchors, None
@@ -186,20 +198,47 @@ class DSparkDrafter(KVDrafter):
                     c = cand[:, k]  # [R, C]
                     bias = torch.bmm(w2[c], latent.to(w2.dtype).unsqueeze(-1)).squeeze(-1)  # [R, C]
                     step_cand = base_cand[:, k] + bias.float()
-                    chosen = c.gather(1, choose_tokens(step_cand, requests).unsqueeze(1)).squeeze(1)
                     step = torch.full_like(step, float("-inf")).scatter_(1, c, step_cand)
-                    prev = self.to_target_ids(chosen)
-                    tokens.append(prev)
-                    logits.append(step)
-                    continue
-                step = step + self.markov_head.bias(latent).float()
-            prev = self.to_target_ids(choose_tokens(step, requests))
+                    chosen = c.gather(1, choose_tokens(step_cand, requests).unsqueeze(1)).squeeze(1)
+                else:
+                    step = step + self.markov_head.bias(latent).float()
+                    chosen = choose_tokens(step, requests)
+            else:
+                chosen = choose_tokens(step, requests)
+            prev = self.to_target_ids(chosen)
+            if lookup is not None:
+                c_k = self.confidence_head.at(h[:, k], latent, k)  # [R]
+                alive = alive & (look_conf[:, k] >= c_k)
+                prev = torch.where(alive, look_tok[:, k], prev)
+                used.append(alive)
+                confs.append(torch.where(alive, look_conf[:, k], c_k))
             tokens.append(prev)
             logits.append(step)
-        conf = None
-        if self.confidence_head is not None:
-            conf = self.confidence_head(h, torch.stack(latents, dim=1) if latents else None)
-        return DraftOutput(torch.stack(tokens, dim=1), self.to_target_logits(torch.stack(logits, dim=1)), conf)
+        out_logits = self.to_target_logits(torch.stack(logits, dim=1))
+        if lookup is None:
+            conf = None
+            if self.confidence_head is not None:
+                conf = self.confidence_head(h, torch.stack(latents, dim=1) if latents else None)
+            return DraftOutput(torch.stack(tokens, dim=1), out_logits, conf)
+        used_t = torch.stack(used, dim=1)  # [R, n], a prefix of each row
+        out_tokens = torch.stack(tokens, dim=1)
+        point = torch.full_like(out_logits, float("-inf")).scatter_(-1, out_tokens.unsqueeze(-1), 0.0)
+        out_logits = torch.where(used_t.unsqueeze(-1), point, out_logits)
+        return DraftOutput(out_tokens, out_logits, torch.stack(confs, dim=1), num_lookup=used_t.sum(1))
+
+
+def _lookup_tensors(lookup: list[tuple[list[int], list[float]]], num_tokens: int,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lookup tokens [R, n] (0 where none) and confidences [R, n] (-1 where none, so
+    that the drafter always wins there)."""
+    toks = torch.zeros(len(lookup), num_tokens, dtype=torch.long)
+    conf = torch.full((len(lookup), num_tokens), -1.0)
+    for i, (t, c) in enumerate(lookup):
+        m = min(len(t), len(c), num_tokens)
+        if m:
+            toks[i, :m] = torch.tensor(t[:m], dtype=torch.long)
+            conf[i, :m] = torch.tensor(c[:m], dtype=torch.float32)
+    return toks.to(device), conf.to(device)
 
 
 def _empty_output(num_tokens: int, vocab: int, with_conf: bool, device: torch.device) -> DraftOutput:

@@ -114,6 +114,11 @@ class ConfidenceHead(nn.Module):
         x = torch.cat([hidden, latent.to(hidden.dtype)], dim=-1) if self.with_markov else hidden
         return self.proj(x.to(self.proj.weight.dtype)).squeeze(-1).float()
 
+    def at(self, hidden: torch.Tensor, latent: torch.Tensor | None, k: int) -> torch.Tensor:
+        """c for block position k+1 alone: hidden [..., H], latent [..., rank] -> [...]."""
+        logit = self.logit(hidden.unsqueeze(-2), None if latent is None else latent.unsqueeze(-2)).squeeze(-1)
+        return torch.sigmoid(logit / self.temperatures[k])
+
     def forward(self, hidden: torch.Tensor, latent: torch.Tensor | None) -> torch.Tensor:
         """c_k in (0, 1) for block positions 1..K: [..., K] (fp32)."""
         logit = self.logit(hidden, latent)

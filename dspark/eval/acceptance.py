@@ -43,16 +43,28 @@ class AcceptanceResult:
 
 NGRAM = "ngram"  # `--drafter ngram`: model-free prompt lookup (n = 1..3), the drafter-free baseline
 NGRAM_MAX_DRAFT = 15
+HYBRID_SUFFIX = "+lookup"  # `--drafter DIR+lookup`: hybrid drafting with the dspark drafter DIR
+
+
+def split_hybrid(path: str | Path) -> tuple[str, bool]:
+    """(checkpoint path, whether hybrid lookup is asked for by the `+lookup` suffix)."""
+    text = str(path)
+    if text.endswith(HYBRID_SUFFIX):
+        return text[: -len(HYBRID_SUFFIX)], True
+    return text, False
 
 
 def drafter_method(path: str | Path) -> tuple[str, int]:
     """(method, most tokens it drafts per round) from a checkpoint's config.json
-    (`ngram` names prompt lookup)."""
+    (`ngram` names prompt lookup; a `+lookup` suffix, hybrid drafting, needs dspark)."""
     from dspark.drafters.checkpoint import read_config
 
     if str(path) == NGRAM:
         return NGRAM, NGRAM_MAX_DRAFT
-    cfg = read_config(path)
+    base, hybrid = split_hybrid(path)
+    cfg = read_config(base)
+    if hybrid and cfg.method != "dspark":
+        raise UserError(f"{base}: hybrid lookup (+lookup) needs a dspark drafter, this one is {cfg.method}")
     return cfg.method, cfg.max_draft_tokens
 
 
@@ -88,15 +100,17 @@ def measure_acceptance(
         spec = SpeculativeConfig(method=NGRAM, num_speculative_tokens=used, verification_policy="fixed",
                                  prompt_lookup_min=1, prompt_lookup_max=3)
     else:
-        spec = SpeculativeConfig(method=method, model=str(drafter_path), num_speculative_tokens=used,
-                                 verification_policy="fixed")
+        base, hybrid = split_hybrid(drafter_path)
+        spec = SpeculativeConfig(method=method, model=base, num_speculative_tokens=used,
+                                 verification_policy="fixed", lookup=hybrid)
     engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len))
     params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i) for i in range(len(prompts))]
     t0 = time.perf_counter()
     seqs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0
     stats = engine.total_stats()
-    return AcceptanceResult(Path(drafter_path).name, method, used, domain, len(prompts), stats.acceptance_length,
+    label = Path(split_hybrid(drafter_path)[0]).name + (HYBRID_SUFFIX if split_hybrid(drafter_path)[1] else "")
+    return AcceptanceResult(label, method, used, domain, len(prompts), stats.acceptance_length,
                             stats.per_position_acceptance, conditional_acceptance(stats), stats.rounds,
                             sum(len(s.output_ids) for s in seqs), wall)
 
