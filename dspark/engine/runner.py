@@ -5,9 +5,17 @@ The target forward of a step carries, flattened, every running request's
 (its prefill). Prefill rows produce one sampled token (L = 0), verification rows go
 through the rejection sampler; both through the same `rejection_sample` call, so a
 request's randomness comes only from its own generator.
+
+A drafter fault never takes the engine down: a `draft` call that raises, or returns
+NaN/+inf logits or confidences outside [0, 1] for some rows, makes this step plain
+decoding for the rows concerned (exact by construction); an `append_context` that
+fails leaves the requests it could not take undrafted for the rest of their life.
+Each fault is logged and counted in `drafter_errors`.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -19,6 +27,8 @@ from dspark.schedule.policies import VerifyLengthPolicy
 from dspark.verify import rejection_sample
 
 from .sequence import Sequence
+
+log = logging.getLogger("dspark.engine")
 
 
 class SpecRunner:
@@ -40,6 +50,10 @@ class SpecRunner:
         #: the shape of the last step's work: tokens in its target forward, requests drafted for
         self.last_forward_tokens = 0
         self.last_drafted_requests = 0
+        #: drafter faults survived (draft calls that raised or returned non-finite values,
+        #: context updates that failed); requests whose drafter state is lost
+        self.drafter_errors = 0
+        self.undrafted: set[object] = set()
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -47,39 +61,71 @@ class SpecRunner:
         seq.generator = torch.Generator(device=self.device)
         seq.generator.manual_seed(seq.params.seed if seq.params.seed is not None else int(torch.seed() % 2**63))
         if self.drafter is not None:
-            self.drafter.add_request(seq.request_id)
+            try:
+                self.drafter.add_request(seq.request_id)
+            except Exception:
+                self._fault("add_request")
+                self.undrafted.add(seq.request_id)
 
     def release(self, seq: Sequence) -> None:
         if seq.slot >= 0:
             self.cache.release(seq.request_id)
             seq.slot = -1
             if self.drafter is not None:
-                self.drafter.release(seq.request_id)
+                self.undrafted.discard(seq.request_id)
+                try:
+                    self.drafter.release(seq.request_id)
+                except Exception:
+                    self._fault("release")
 
     # --- one step --------------------------------------------------------------
+    def _fault(self, where: str, detail: str = "") -> None:
+        self.drafter_errors += 1
+        log.warning("drafter fault in %s%s; affected requests decode without speculation", where,
+                    f" ({detail})" if detail else "", exc_info=not detail)
+
     def _verify_lengths(self, decodes: list[Sequence]) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+        none = [0] * len(decodes), None, None
         if not decodes or self.num_spec == 0 or not self.policy.should_draft(len(decodes), self.num_spec):
-            return [0] * len(decodes), None, None
-        out = self.drafter.draft(
-            [DraftRequest(s.request_id, s.anchor, s.num_cached, s.params, s.generator) for s in decodes],
-            self.num_spec,
-        )
+            return none
+        rows = [i for i, s in enumerate(decodes) if s.request_id not in self.undrafted]
+        if not rows:
+            return none
+        try:
+            out = self.drafter.draft(
+                [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
+                              decodes[i].generator) for i in rows],
+                self.num_spec,
+            )
+        except Exception:
+            self._fault("draft")
+            return none
+        bad = _faulty_rows(out, [decodes[i].params.greedy for i in rows])
+        if bad:
+            self._fault("draft", f"non-finite logits or confidences for {len(bad)} of {len(rows)} requests")
         g = out.tokens.shape[1]
         if out.confidence is not None:
-            survival = torch.cumprod(out.confidence.float(), dim=1)  # [R, G]
+            survival = torch.cumprod(out.confidence.float().nan_to_num(0.0).clamp(0.0, 1.0), dim=1)  # [R, G]
         else:
-            survival = torch.ones(len(decodes), g)
-        lengths = self.policy.choose(survival)
+            survival = torch.ones(len(rows), g)
+        chosen = self.policy.choose(survival)
         valid = getattr(out, "num_valid", None)
-        caps = []
-        for i, s in enumerate(decodes):
+        lengths = [0] * len(decodes)
+        tokens, logits = out.tokens, out.logits
+        if len(rows) < len(decodes):  # undrafted requests get empty rows
+            tokens = torch.zeros(len(decodes), g, dtype=torch.long, device=out.tokens.device)
+            tokens[rows] = out.tokens
+            if out.logits is not None:
+                logits = out.logits.new_zeros(len(decodes), *out.logits.shape[1:])
+                logits[rows] = out.logits
+        for j, i in enumerate(rows):
+            s = decodes[i]
             cap = min(g, s.params.max_tokens - len(s.output_ids) - 1, self.cache.max_len - s.num_cached - 1)
             if valid is not None:
-                cap = min(cap, int(valid[i]))
-            caps.append(max(cap, 0))
-        # Caps depend only on lengths known before drafting, so clamping stays lossless.
-        lengths = [min(int(L), c) for L, c in zip(lengths, caps)]
-        return lengths, out.tokens, out.logits
+                cap = min(cap, int(valid[j]))
+            # Caps depend only on lengths known before drafting, so clamping stays lossless.
+            lengths[i] = 0 if j in bad else max(min(int(chosen[j]), cap), 0)
+        return lengths, tokens, logits
 
     @torch.inference_mode()
     def step(self, prefills: list[Sequence], decodes: list[Sequence]) -> dict[object, list[int]]:
@@ -128,9 +174,12 @@ class SpecRunner:
         result = rejection_sample(logits, d_tok.to(self.device), None if d_log is None else d_log.to(self.device),
                                   cu, [s.params for s in seqs], [s.generator for s in seqs])
 
-        if self.drafter is not None and lengths:
-            self.drafter.record_verification([s.request_id for s in decodes], lengths,
-                                             result.num_accepted[: len(decodes)])
+        if self.drafter is not None and any(lengths):
+            try:
+                self.drafter.record_verification([s.request_id for s in decodes], lengths,
+                                                 result.num_accepted[: len(decodes)])
+            except Exception:
+                self._fault("record_verification")
         emitted: dict[object, list[int]] = {}
         ctx_ids, ctx_tokens, ctx_starts, ctx_rows = [], [], [], []
         for i, s in enumerate(seqs):
@@ -153,6 +202,58 @@ class SpecRunner:
             s.anchor = out[-1]
             emitted[s.request_id] = out
         if self.drafter is not None:
-            h = hidden.index_select(0, torch.tensor(ctx_rows, device=self.device)) if hidden is not None else None
-            self.drafter.append_context(ctx_ids, ctx_tokens, ctx_starts, h)
+            self._feed_drafter(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
         return emitted
+
+    def _feed_drafter(self, ids: list, tokens: list[list[int]], starts: list[int], rows: list[int],
+                      hidden: torch.Tensor | None) -> None:
+        """Hand accepted tokens (and their hidden states) to the drafter; when the batched
+        call fails, each request alone, and those that still fail are left undrafted."""
+        keep = [i for i, rid in enumerate(ids) if rid not in self.undrafted]
+        bounds, at = [], 0
+        for t in tokens:
+            bounds.append((at, at + len(t)))
+            at += len(t)
+
+        def feed(idx: list[int]) -> None:
+            take = [r for i in idx for r in range(*bounds[i])]
+            h = hidden.index_select(0, torch.tensor([rows[r] for r in take], device=self.device)) \
+                if hidden is not None else None
+            self.drafter.append_context([ids[i] for i in idx], [tokens[i] for i in idx], [starts[i] for i in idx], h)
+
+        if not keep:
+            return
+        try:
+            feed(keep)
+            return
+        except Exception:
+            self._fault("append_context")
+        for i in keep:
+            try:
+                feed([i])
+            except Exception:
+                self.undrafted.add(ids[i])
+
+
+def _faulty_rows(out, greedy: list[bool]) -> set[int]:
+    """Rows of a DraftOutput whose draft cannot be verified as it is: a confidence that is
+    not a probability, or logits with NaN or +inf (-inf is a zero probability) or no
+    finite entry at a position. Greedy verification reads only the drafted tokens, so
+    greedy rows are checked at those tokens alone (a full pass over the vocabulary
+    costs memory traffic comparable to a small forward)."""
+    bad = torch.zeros(out.tokens.shape[0], dtype=torch.bool)
+    if out.logits is not None:
+        lg = out.logits
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        if sampled:
+            peak = lg[sampled].amax(-1)  # NaN and +inf propagate; all -inf stays -inf
+            bad[sampled] = (~torch.isfinite(peak)).any(1).cpu()
+        at = lg.gather(-1, out.tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+        valid = out.num_valid if out.num_valid is not None else None
+        pos = torch.arange(at.shape[1], device=at.device).unsqueeze(0)
+        live = pos < (valid.to(at.device).unsqueeze(1) if valid is not None else at.shape[1])
+        bad |= ((~torch.isfinite(at)) & live).any(1).cpu()
+    if out.confidence is not None:
+        c = out.confidence.float()
+        bad |= (~((c >= 0) & (c <= 1))).any(1).cpu()
+    return set(bad.nonzero().flatten().tolist())

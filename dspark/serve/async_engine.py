@@ -244,6 +244,7 @@ class AsyncEngine:
             outputs = []
         now = time.monotonic()
         total = self.engine.total_stats()
+        self.metrics.on_engine(self.engine)
         self.metrics.on_spec(stats_delta(total, self._stats))
         self._stats = total
         for out in outputs:

@@ -67,11 +67,30 @@ class ServingMetrics:
         self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting to be admitted.", const_labels=c)
         self.kv_usage = Gauge(p + "kv_cache_usage_perc",
                               "Fraction of per-request KV slots in use (1 = full).", const_labels=c)
+        self.drafter_errors = Counter(p + "spec_decode_drafter_errors_total",
+                                      "Drafter faults survived (a raising or non-finite draft, a failed context "
+                                      "update); the requests concerned decoded without speculation.",
+                                      const_labels=c)
+        self.lookup_tokens = Counter(p + "spec_decode_lookup_tokens_total",
+                                     "Hybrid drafting: drafted tokens that came from prompt lookup.", const_labels=c)
+        self.lookup_ece = Gauge(p + "spec_decode_lookup_calibration_ece",
+                                "Hybrid drafting: ECE of the lookup confidences against observed acceptance "
+                                "since start-up (NaN before any lookup token was verified).", const_labels=c)
+        self.threads = Gauge(p + "engine_threads", "CPU threads the engine's torch uses now (fewer while other "
+                             "processes take cores).", const_labels=c)
+        self.slow_windows = Counter(p + "step_time_slow_windows_total",
+                                    "Windows of 16 steps that ran over 3x slower than the step-time table.",
+                                    const_labels=c)
+        self._engine_seen = {"errors": 0, "lookup": 0, "slow": 0}
+        self._ece_at = float("-inf")
         for reason in FINISH_REASONS:
             self.request_success.inc(0, finished_reason=reason)
         self._families = [self.prompt_tokens, self.generation_tokens, self.request_success, self.request_error,
                           self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.accepted_per_pos,
-                          self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage]
+                          self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
+                          self.drafter_errors, self.threads, self.slow_windows]
+        self._hybrid_families = [self.lookup_tokens, self.lookup_ece]
+        self.hybrid = False
         self.window = LogWindow()
 
     # --- fed by the engine thread -------------------------------------------------
@@ -115,8 +134,31 @@ class ServingMetrics:
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
 
+    def on_engine(self, engine) -> None:
+        """Health counters of the engine (drafter faults, threads, slow steps, hybrid lookup)."""
+        import torch
+
+        runner, seen = engine.runner, self._engine_seen
+        self.drafter_errors.inc(runner.drafter_errors - seen["errors"])
+        seen["errors"] = runner.drafter_errors
+        self.threads.set(torch.get_num_threads())
+        watch = getattr(engine, "step_watch", None)
+        if watch is not None:
+            self.slow_windows.inc(watch.slow_windows - seen["slow"])
+            seen["slow"] = watch.slow_windows
+        drafter = runner.drafter
+        if getattr(drafter, "lookup_enabled", False):
+            self.hybrid = True
+            n = drafter.counts["lookup_tokens"]
+            self.lookup_tokens.inc(n - seen["lookup"])
+            seen["lookup"] = n
+            now = time.monotonic()
+            if now - self._ece_at >= 1.0:  # an ECE over the recent window: about once a second
+                self._ece_at = now
+                self.lookup_ece.set(drafter.calibration.ece())
+
     def render(self) -> str:
-        return render(self._families)
+        return render(self._families + (self._hybrid_families if self.hybrid else []))
 
 
 class LogWindow:

@@ -24,6 +24,8 @@ def _labels(pairs: Iterable[tuple[str, str]]) -> str:
 
 
 def _number(x: float) -> str:
+    if math.isnan(x):
+        return "NaN"
     if math.isinf(x):
         return "+Inf" if x > 0 else "-Inf"
     if x == int(x) and abs(x) < 2**53:

@@ -1,0 +1,198 @@
+"""Hybrid drafting: prompt lookup with calibrated confidence and the DSpark block in
+one block. Exactness is checked against plain greedy decoding (itself pinned to
+transformers) and, for sampling, against the exact target distribution; the lookup
+pieces against hand-worked examples."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dspark.drafters.lookup import HybridDrafter, LookupCalibration, LookupMatch, fit_lookup_calibration, lookup
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.sampling import SamplingParams
+from dspark.speculative import SpeculativeConfig
+
+from test_drafters import target_hidden
+from test_speculative import greedy_case, tiny_target  # noqa: F401  (fixtures)
+
+
+def test_lookup_takes_the_longest_match_and_the_majority_continuation():
+    # "1 2 3" occurred twice, followed by 9 both times: agreed, latest occurrence wins
+    assert lookup([1, 2, 3, 9, 7, 1, 2, 3, 9, 6, 1, 2, 3], 4) == LookupMatch([9, 6, 1, 2], 3, True)
+    # followed by 9 and by 8 once each: contested, the latest of the tied first tokens
+    assert lookup([1, 2, 3, 9, 1, 2, 3, 8, 5, 1, 2, 3], 4) == LookupMatch([8, 5, 1, 2], 3, False)
+    # 9 twice, 8 once: the majority (9) wins over the latest occurrence (8)
+    m = lookup([3, 9, 0, 3, 9, 1, 3, 8, 2, 3], 2, max_ngram=3)
+    assert m.tokens == [9, 1] and m.ngram == 1 and not m.agreed
+    # only a 1-gram matches; a continuation cut by the end of the sequence is shorter
+    assert lookup([5, 4, 5], 3) == LookupMatch([4, 5], 1, True)
+    assert lookup([5, 6, 7], 3) == LookupMatch()
+    assert lookup([5, 6, 7], 3, min_ngram=2) == LookupMatch()
+
+
+def test_calibration_counts_conditional_acceptance_and_decays():
+    cal = LookupCalibration(positions=4)
+    m = LookupMatch([1, 2, 3, 4], 2, True)
+    cal.observe(m, verified=4, accepted=2)  # positions 1, 2 accepted, 3 rejected, 4 not a trial
+    cal.observe(m, verified=1, accepted=1)
+    assert cal.trials["2a"] == [2, 1, 1, 0] and cal.accepted["2a"] == [2, 1, 0, 0]
+    assert cal.confidence(m) == pytest.approx([3 / 4, 2 / 3, 1 / 3, 1 / 2])
+    assert cal.confidence(LookupMatch([1, 2], 3, False)) == [0.5, 0.5]  # unseen class: the prior
+    cal.memory = 10.0
+    for _ in range(20):
+        cal.observe(m, verified=1, accepted=0)
+    assert cal.trials["2a"][0] == pytest.approx(10.0) and cal.confidence(m)[0] < 0.2
+
+
+def test_fit_matches_greedy_verification_of_each_proposal():
+    prompt = [7, 1, 2, 3, 4, 5, 6]
+    reply = [1, 2, 3, 4, 5, 9, 1, 2]
+    cal = fit_lookup_calibration([(prompt, reply)], num_tokens=3, max_ngram=2)
+    # by hand: anchor reply[t] at t = 0..6, proposal from prompt + reply[:t+1], compared with reply[t+1:]
+    expected_trials, expected_acc = {}, {}
+    seq = prompt + reply
+    for t in range(len(reply) - 1):
+        m = lookup(seq[: len(prompt) + t + 1], 3, 2, 1)
+        fut = reply[t + 1: t + 1 + len(m.tokens)]
+        if not m.tokens or not fut:
+            continue
+        a = next((i for i, (x, y) in enumerate(zip(m.tokens, fut)) if x != y), len(fut))
+        tri = expected_trials.setdefault(m.key, [0] * 16)
+        acc = expected_acc.setdefault(m.key, [0] * 16)
+        for k in range(min(len(fut), a + 1)):
+            tri[k] += 1
+            acc[k] += k < a
+    assert cal.trials == {k: [float(x) for x in v] for k, v in expected_trials.items()}
+    assert cal.accepted == {k: [float(x) for x in v] for k, v in expected_acc.items()}
+    # the reply copies the prompt for five tokens: agreed 1-gram/2-gram matches were accepted
+    assert max(cal.confidence(LookupMatch([0], 2, True))) > 0.5
+
+
+def test_calibration_file_round_trip_and_errors(tmp_path):
+    from dspark.drafters.config import DrafterConfigError
+
+    cal = LookupCalibration(positions=3, counts={"1a": [[1, 0, 0], [2, 1, 0]]}, fitted_on="x")
+    back = LookupCalibration.load(cal.save(tmp_path / "c.json"))
+    assert back.trials == cal.trials and back.accepted == cal.accepted and back.fitted_on == "x"
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(DrafterConfigError, match="not a lookup calibration"):
+        LookupCalibration.load(tmp_path / "bad.json")
+    with pytest.raises(DrafterConfigError, match="cannot read"):
+        LookupCalibration.load(tmp_path / "missing.json")
+    # the shipped table loads and has measured cells
+    shipped = LookupCalibration.load()
+    assert shipped.trials and max(t[0] for t in shipped.trials.values()) > 100
+
+
+def _table(tmp_path, per_position: list[float], name: str = "cal.json") -> str:
+    """A calibration whose every class has conditional acceptance `per_position`."""
+    n = 1000.0
+    counts = {f"{g}{a}": [[p * n for p in per_position], [n] * len(per_position)]
+              for g in (1, 2, 3) for a in "ac"}
+    return str(LookupCalibration(len(per_position), counts).save(tmp_path / name))
+
+
+def test_hybrid_block_takes_lookup_then_drafter_with_point_mass_q(default_target_fp32, tmp_path):
+    from dspark.drafters import load_drafter
+    from dspark.drafters.base import DraftRequest
+    from dspark.speculative import SHIPPED_DIR
+
+    target = default_target_fp32
+    inner = load_drafter(SHIPPED_DIR / "dspark", target.model)
+    seq = target.tokenizer.encode("a b c d e f a b c d e f a b c d e")
+    hidden_layers = inner.target_layer_ids
+
+    def draft_with(table: list[float]):
+        cal = LookupCalibration.load(_table(tmp_path, table))
+        hybrid = HybridDrafter(inner, cal)
+        hybrid.reserve(1, 128)
+        hybrid.add_request("r")
+        hidden = target_hidden(target.model, seq[:-1], hidden_layers)
+        hybrid.append_context(["r"], [seq[:-1]], [0], hidden)
+        out = hybrid.draft([DraftRequest("r", seq[-1], len(seq) - 1, SamplingParams(), None)], 5)
+        hybrid.release("r")
+        return out, hybrid
+
+    plain_inner = lookup(seq, 5)
+    assert len(plain_inner.tokens) == 5
+    # lookup far more confident than any drafter position: the whole block from lookup
+    out, h = draft_with([0.999] * 7)
+    assert out.tokens[0].tolist() == plain_inner.tokens and h.mix[5] == 1
+    # confident for two positions only: two lookup tokens, then the drafter
+    out, h = draft_with([0.999, 0.999, 0.0, 0.999, 0.999, 0.999, 0.999])
+    assert out.tokens[0, :2].tolist() == plain_inner.tokens[:2] and h.mix[2] == 1
+    for k in range(2):
+        q = out.logits[0, k]
+        assert q[out.tokens[0, k]] == 0 and torch.isinf(q).sum() == q.numel() - 1
+    assert torch.isfinite(out.logits[0, 2]).sum() > 1  # the drafter's own q after the switch
+    assert out.confidence[0, :2].tolist() == pytest.approx([1000 / 1002] * 2)  # Beta(1, 1)-smoothed 999/1000
+    # never confident: the drafter alone
+    out, h = draft_with([0.0] * 7)
+    assert h.mix[0] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["fixed", "threshold", "dspark-sync", "dspark-async"])
+def test_hybrid_greedy_equals_plain_under_every_policy_with_every_mix(greedy_case, policy, tmp_path):  # noqa: F811
+    from dspark.schedule.step_time import StepTimeTable
+
+    target, prompts, refs = greedy_case
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
+    # lookup ahead of the drafter early in the block and behind it later: every mix occurs
+    cal = _table(tmp_path, [0.9, 0.8, 0.6, 0.45, 0.3, 0.2, 0.1])
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, verification_policy=policy,
+                             confidence_threshold=0.05, lookup=True, lookup_calibration=cal)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=16, max_model_len=512), step_table=table)
+    seqs = engine.generate(prompts[:16], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:16]):
+        assert seq.output_ids == ref, policy
+    hybrid = engine.runner.drafter
+    assert isinstance(hybrid, HybridDrafter)
+    if policy == "fixed":
+        assert hybrid.mix[0] > 0 and hybrid.mix[5] > 0, hybrid.mix
+        assert any(hybrid.mix[k] for k in range(1, 5)), hybrid.mix
+        assert sum(t[0] for t in hybrid.calibration.trials.values()) > 16 * 1000  # online updates arrived
+
+
+def test_hybrid_sampling_distribution_matches_target(tiny_target, tmp_path):  # noqa: F811
+    from test_speculative import VOCAB, _exact_three_token_dist
+
+    target = tiny_target
+    prompt = [1, 2, 3, 1, 2, 3, 4]
+    temperature = 1.3
+    exact = _exact_three_token_dist(target, prompt, temperature).flatten()
+    n = 5000
+    cal = _table(tmp_path, [0.9, 0.5, 0.2])
+    spec = SpeculativeConfig(method="dspark", model="random", num_speculative_tokens=3, lookup=True,
+                             lookup_calibration=cal)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=64, max_model_len=32))
+    seqs = engine.generate([prompt] * n, [SamplingParams(temperature=temperature, max_tokens=4, seed=i,
+                                                         ignore_eos=True) for i in range(n)])
+    hybrid = engine.runner.drafter
+    assert hybrid.counts["lookup_tokens"] > n and hybrid.counts["drafter_tokens"] > n, hybrid.counts
+    assert engine.total_stats().accepted_tokens > 0.2 * n
+    counts = torch.zeros(VOCAB**3, dtype=torch.float64)
+    for s in seqs:
+        a, b, c = s.output_ids[:3]
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
+    expected = exact * n
+    keep = expected >= 5
+    chi2 = float((((counts - expected) ** 2) / expected.clamp_min(1e-12))[keep].sum())
+    dof = int(keep.sum()) - 1
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / (2 / (9 * dof)) ** 0.5
+    assert z < 4.5, (chi2, dof)
+    assert 0.5 * float((counts / n - exact).abs().sum()) < 0.06
+
+
+def test_hybrid_config_errors():
+    from dspark.errors import UserError
+
+    with pytest.raises(UserError, match="not with 'eagle3'"):
+        SpeculativeConfig(method="eagle3", lookup=True)
+    with pytest.raises(UserError, match="lookup must be true or false"):
+        SpeculativeConfig(lookup="yes")
+    with pytest.raises(UserError, match="lookup is not enabled"):
+        SpeculativeConfig(lookup_calibration="x.json")
