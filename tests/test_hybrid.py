@@ -158,7 +158,7 @@ def test_hybrid_greedy_equals_plain_under_every_policy_with_every_mix(greedy_cas
 
 
 def test_hybrid_sampling_distribution_matches_target(tiny_target, tmp_path):  # noqa: F811
-    from test_speculative import VOCAB, _exact_three_token_dist
+    from test_speculative import _exact_three_token_dist, assert_three_token_distribution
 
     target = tiny_target
     prompt = [1, 2, 3, 1, 2, 3, 4]
@@ -174,17 +174,7 @@ def test_hybrid_sampling_distribution_matches_target(tiny_target, tmp_path):  # 
     hybrid = engine.runner.drafter
     assert hybrid.counts["lookup_tokens"] > n and hybrid.counts["drafter_tokens"] > n, hybrid.counts
     assert engine.total_stats().accepted_tokens > 0.2 * n
-    counts = torch.zeros(VOCAB**3, dtype=torch.float64)
-    for s in seqs:
-        a, b, c = s.output_ids[:3]
-        counts[(a * VOCAB + b) * VOCAB + c] += 1
-    expected = exact * n
-    keep = expected >= 5
-    chi2 = float((((counts - expected) ** 2) / expected.clamp_min(1e-12))[keep].sum())
-    dof = int(keep.sum()) - 1
-    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / (2 / (9 * dof)) ** 0.5
-    assert z < 4.5, (chi2, dof)
-    assert 0.5 * float((counts / n - exact).abs().sum()) < 0.06
+    assert_three_token_distribution(seqs, exact)
 
 
 def test_hybrid_config_errors():
