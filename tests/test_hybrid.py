@@ -152,9 +152,11 @@ def test_hybrid_greedy_equals_plain_under_every_policy_with_every_mix(greedy_cas
     hybrid = engine.runner.drafter
     assert isinstance(hybrid, HybridDrafter)
     if policy == "fixed":
-        assert hybrid.mix[0] > 0 and hybrid.mix[5] > 0, hybrid.mix
-        assert any(hybrid.mix[k] for k in range(1, 5)), hybrid.mix
-        assert sum(t[0] for t in hybrid.calibration.trials.values()) > 16 * 1000  # online updates arrived
+        # drafter-only rows, short lookup prefixes and long ones (the all-lookup block is
+        # covered by test_hybrid_block_takes_lookup_then_drafter_with_point_mass_q)
+        assert hybrid.mix[0] > 0 and any(hybrid.mix[k] for k in (1, 2)), hybrid.mix
+        assert any(hybrid.mix[k] for k in (3, 4, 5)), hybrid.mix
+        assert sum(t[0] for t in hybrid.calibration.trials.values()) > 6 * 1000  # online updates arrived
 
 
 def test_hybrid_sampling_distribution_matches_target(tiny_target, tmp_path):  # noqa: F811
