@@ -142,12 +142,14 @@ def test_json_round_trip(tmp_path):
     table = StepTimeTable(
         token_counts=[1, 8, 64], raw_ms=[9.0, 8.5, 30.0], drafter=drafter,
         model="Qwen/Qwen3-4B", dtype="bfloat16", device="cuda:0", machine="h100-x1", context_len=1024,
+        conditions={"threads": 2, "median_spread": 0.05, "cached": True},
     )
     path = tmp_path / "tables" / "step_time.json"
     table.save(path)
     on_disk = json.loads(path.read_text())
     assert set(on_disk) == {"model", "dtype", "device", "machine", "context_len",
-                            "token_counts", "raw_ms", "step_ms", "drafter"}
+                            "token_counts", "raw_ms", "step_ms", "drafter", "conditions"}
+    assert on_disk["conditions"] == {"threads": 2, "median_spread": 0.05, "cached": True}
     assert on_disk["step_ms"] == [9.0, 9.0, 30.0]
     assert on_disk["drafter"] == {"method": "dspark", "request_counts": [1, 4, 16],
                                   "raw_ms": [1.5, 1.4, 2.5], "step_ms": [1.5, 1.5, 2.5]}
