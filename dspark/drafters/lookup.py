@@ -261,37 +261,48 @@ class HybridDrafter(Drafter):
             matches.append(m)
             confs.append(self.calibration.confidence(m))
         need = [i for i, c in enumerate(confs) if not self._skip_drafter(c, num_tokens)]
-        r, vocab = len(requests), self.target.cfg.vocab_size
-        dev = self.inner.device
-        tokens = torch.full((r, num_tokens), -1, dtype=torch.long, device=dev)
-        logits = torch.full((r, num_tokens, vocab), float("-inf"), device=dev)
-        conf = torch.zeros(r, num_tokens, device=dev)
-        from_lookup = [0] * r
+        r = len(requests)
+        from_lookup = [num_tokens] * r  # rows that skip the drafter are all lookup
+        out = None
         if need:
             out = self.inner.draft([requests[i] for i in need], num_tokens,
                                    lookup=[(matches[i].tokens, confs[i]) for i in need])
-            idx = torch.tensor(need, dtype=torch.long, device=dev)
-            tokens[idx], logits[idx], conf[idx] = out.tokens, out.logits.float(), out.confidence.float()
             for j, i in enumerate(need):
                 from_lookup[i] = int(out.num_lookup[j])
             self._update_drafter_mean(out, num_tokens)
-        drafted = set(need)
-        for i in range(r):
-            if i in drafted:
-                continue
-            toks = torch.tensor(matches[i].tokens[:num_tokens], dtype=torch.long, device=dev)
-            tokens[i] = toks
-            logits[i, torch.arange(num_tokens, device=dev), toks] = 0.0
-            conf[i] = torch.tensor(confs[i][:num_tokens], device=dev)
-            from_lookup[i] = num_tokens
-            self.counts["drafter_skipped"] += 1
+        self.counts["drafter_skipped"] += r - len(need)
         for i, req in enumerate(requests):
             self._last[req.request_id] = (matches[i], from_lookup[i], confs[i])
             self.mix[from_lookup[i]] += 1
             self.counts["lookup_tokens"] += from_lookup[i]
             self.counts["drafter_tokens"] += num_tokens - from_lookup[i]
         self.counts["requests"] += r
-        return DraftOutput(tokens, logits, conf)
+        if len(need) == r:  # the common case: the drafter's output is the whole block
+            return DraftOutput(out.tokens, out.logits, out.confidence, num_lookup=out.num_lookup)
+        return self._assemble(out, need, matches, confs, num_tokens)
+
+    def _assemble(self, out, need: list[int], matches: list[LookupMatch], confs: list[list[float]],
+                  num_tokens: int) -> DraftOutput:
+        """The block of every request: the drafter's rows for `need`, lookup alone (point
+        mass q) for the others."""
+        r, vocab, dev = len(matches), self.target.cfg.vocab_size, self.inner.device
+        tokens = torch.full((r, num_tokens), -1, dtype=torch.long, device=dev)
+        logits = torch.full((r, num_tokens, vocab), float("-inf"), device=dev)
+        conf = torch.zeros(r, num_tokens, device=dev)
+        if need:
+            idx = torch.tensor(need, dtype=torch.long, device=dev)
+            tokens[idx], logits[idx], conf[idx] = out.tokens, out.logits.float(), out.confidence.float()
+        drafted = set(need)
+        for i in range(r):
+            if i not in drafted:
+                toks = torch.tensor(matches[i].tokens[:num_tokens], dtype=torch.long, device=dev)
+                tokens[i] = toks
+                logits[i, torch.arange(num_tokens, device=dev), toks] = 0.0
+                conf[i] = torch.tensor(confs[i][:num_tokens], device=dev)
+        lookup = torch.tensor([num_tokens if i not in drafted else -1 for i in range(r)], device=dev)
+        if need:
+            lookup[idx] = out.num_lookup.to(dev)
+        return DraftOutput(tokens, logits, conf, num_lookup=lookup)
 
     def _update_drafter_mean(self, out, num_tokens: int, rate: float = 0.05) -> None:
         """EMA of the drafter's own confidences (rows and positions it drafted itself)."""
