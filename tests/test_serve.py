@@ -213,6 +213,16 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server):
     assert_error(httpx.get(url + "/v1/nothing-here", headers=AUTH, timeout=60), 404)
     assert_error(httpx.post(url + "/v2/chat/completions", json={}, headers=AUTH, timeout=60), 404)
     assert_error(httpx.get(chat, headers=AUTH, timeout=60), 405)
+    # bodies over the limit (4 MiB by default): 413, whether declared or streamed without a length
+    big = b'{"prompt": "' + b"a" * (5 * 2**20) + b'"}'
+    assert assert_error(httpx.post(comp, content=big, headers=AUTH, timeout=60), 413)["code"] == "request_too_large"
+    chunks = iter([big[i:i + 2**20] for i in range(0, len(big), 2**20)])
+    assert_error(httpx.post(comp, content=chunks, headers=AUTH, timeout=60), 413)
+    assert_error(httpx.post(comp, content=b"[" * 100_000 + b"]" * 100_000, headers=AUTH, timeout=60), 400)
+    for prompt in (rb"\ud800", rb"a\udfffb"):  # lone surrogates, escaped in valid JSON
+        r = httpx.post(comp, content=b'{"prompt": "' + prompt + b'", "max_tokens": 2}', headers=AUTH,
+                       timeout=60)
+        assert r.status_code in (200, 400), r.text
 
     r = post(chat, {"model": MODEL, "messages": msgs, "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
@@ -237,6 +247,7 @@ def test_client_disconnect_aborts_and_frees_the_kv_slot(server):
     assert cache.num_free == cache.num_slots
     m = scrape(server.url)
     assert m["dspark:kv_cache_usage_perc"] == 0
+    assert m["dspark:kv_slots_used"] == 0 and m["dspark:spec_decode_drafter_requests"] == 0  # the leak gauges
     assert m['dspark:request_success_total{finished_reason="abort"}'] == aborted + 1
 
     # A client that gives up on a non-streamed request is noticed too.
@@ -334,6 +345,36 @@ def test_a_failing_step_errors_its_requests_and_the_engine_goes_on(tiny_server, 
     assert tiny_server.app.state.dspark.async_engine.alive
 
 
+# --- start-up: /health answers before the engine exists ---------------------------------------------------
+def test_health_and_metrics_answer_while_the_engine_is_built(tmp_path):
+    from dspark.bench.fuzz import write_tiny_model
+    from dspark.runtime.default_model import default_model_dir
+
+    write_tiny_model(tmp_path / "tiny", default_model_dir())
+    config = ServeConfig(model=str(tmp_path / "tiny"), dtype="fp32", speculative=None, log_interval=0,
+                         engine=EngineConfig(max_num_seqs=2, max_model_len=64))
+    app = create_app(config, build=False)
+    with ServerThread(app) as srv:
+        r = httpx.get(srv.url + "/health", timeout=10)
+        assert r.status_code == 503 and r.json()["status"] == "starting" and r.headers["retry-after"]
+        assert "dspark:num_requests_running" in httpx.get(srv.url + "/metrics", timeout=10).text
+        err = assert_error(httpx.post(srv.url + "/v1/completions", json={"prompt": "hi"}, timeout=10), 503)
+        assert err["code"] == "starting" and "starting" in err["message"]
+        assert_error(httpx.get(srv.url + "/v1/models", timeout=10), 503)
+        phases = []
+        app.state.dspark.set_phase = lambda phase, real=app.state.dspark.set_phase: (phases.append(
+            httpx.get(srv.url + "/health", timeout=10).json()["status"]), real(phase), phases.append(
+            httpx.get(srv.url + "/health", timeout=10).json()["status"]))
+        app.state.dspark.build()
+        app.state.dspark.async_engine.start()  # the lifespan started before there was an engine
+        assert phases == ["starting", "loading", "loading", "profiling"]
+        assert httpx.get(srv.url + "/health", timeout=10).json() == {"status": "ok"}
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3, "temperature": 0},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        assert [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]] == ["tiny"]
+
+
 # --- the command ----------------------------------------------------------------------------------------
 def test_default_speculation_falls_back_to_none_without_a_shipped_drafter(tmp_path, monkeypatch, caplog):
     from types import SimpleNamespace
@@ -371,12 +412,18 @@ def test_serve_command_shuts_down_gracefully_on_sigterm():
         env={k: v for k, v in os.environ.items() if k != "DSPARK_API_KEY"},
     )
     try:
+        seen = []  # /health's body while the server starts
+
         def up() -> bool:
             try:
-                return httpx.get(url + "/health", timeout=2).status_code == 200
+                r = httpx.get(url + "/health", timeout=2)
             except httpx.TransportError:
                 return proc.poll() is not None
+            seen.append(r.json()["status"])
+            return r.status_code == 200
         assert wait_until(up, timeout=150) and proc.poll() is None, proc.communicate()[0]
+        # it listened before the model was loaded: the start-up phases were visible
+        assert seen[-1] == "ok" and {"loading", "profiling"} & set(seen), seen
         assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["tiny", "smol"]
         body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
                 "ignore_eos": True, "stream": True}

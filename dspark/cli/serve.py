@@ -15,7 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve the model over an OpenAI-compatible HTTP API with speculative decoding",
         description="Serve POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models, "
                     "/health and /metrics (Prometheus) with continuous batching and lossless speculative "
-                    "decoding. Stops gracefully on SIGINT/SIGTERM.",
+                    "decoding. /health and /metrics answer from the first second: /health is 503 with "
+                    "{\"status\": \"loading\"|\"profiling\"} until the model is loaded and the step times "
+                    "are measured, then 200. Stops gracefully on SIGINT/SIGTERM.",
     )
     add_model_args(p)
     p.add_argument("--speculative-config", default=None, metavar="JSON",
@@ -30,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     h.add_argument("--api-key", default=os.environ.get("DSPARK_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $DSPARK_API_KEY, else no key)")
+    h.add_argument("--max-request-bytes", type=int, default=4 * 2**20,
+                   help="request bodies over this many bytes are refused with 413 (default: %(default)s = 4 MiB)")
     h.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model name(s) clients may send in \"model\", all listed by /v1/models; the first "
                         "labels the metrics (default: the model directory's name; SmolLM2-135M-Instruct "
@@ -73,12 +77,7 @@ def run(args: argparse.Namespace) -> int:
                             max_waiting=args.max_waiting, max_prefill_tokens=args.max_prefill_tokens),
         host=args.host, port=args.port, api_key=args.api_key,
         served_model_names=args.served_model_name or [], log_interval=args.log_interval,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
     )
-    app = create_app(config)
-    state = app.state.dspark
-    logging.getLogger("dspark.serve").info(
-        "serving %s: max %d running and %d waiting requests of up to %d tokens, API key %s",
-        " / ".join(state.model.names), config.engine.max_num_seqs, config.engine.max_waiting,
-        config.engine.max_model_len, "required" if config.api_key else "not required")
+    app = create_app(config, build=False)  # built by run_server, while /health already answers
     return 0 if run_server(app, config.host, config.port, config.shutdown_timeout) else 1

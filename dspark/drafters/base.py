@@ -78,6 +78,10 @@ class Drafter(torch.nn.Module):
     def release(self, request_id: object) -> None:
         raise NotImplementedError
 
+    def num_requests(self) -> int:
+        """Requests whose state the drafter holds now (0 when idle: anything else is a leak)."""
+        raise NotImplementedError
+
     def append_context(
         self,
         request_ids: list[object],

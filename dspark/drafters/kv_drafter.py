@@ -141,6 +141,9 @@ class KVDrafter(Drafter):
         if self.pool is not None:
             self.pool.release(request_id)
 
+    def num_requests(self) -> int:
+        return 0 if self.pool is None else self.pool.num_slots - self.pool.num_free
+
     def slot(self, request_id: object) -> int:
         try:
             return self.pool.slot_of(request_id)  # type: ignore[union-attr]

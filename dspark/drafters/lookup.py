@@ -233,6 +233,10 @@ class HybridDrafter(Drafter):
         self.history.release(request_id)
         self._last.pop(request_id, None)
 
+    def num_requests(self) -> int:
+        # the largest of the parts' counts, so that a leak in any of them shows
+        return max(self.inner.num_requests(), self.history.num_requests(), len(self._last))
+
     def append_context(self, request_ids, tokens, start_positions, hidden) -> None:
         self.inner.append_context(request_ids, tokens, start_positions, hidden)
         self.history.append_context(request_ids, tokens, start_positions)

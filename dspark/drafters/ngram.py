@@ -58,6 +58,9 @@ class NgramDrafter(Drafter):
     def release(self, request_id: object) -> None:
         self._tokens.pop(request_id, None)
 
+    def num_requests(self) -> int:
+        return len(self._tokens)
+
     def _seq(self, request_id: object) -> list[int]:
         try:
             return self._tokens[request_id]

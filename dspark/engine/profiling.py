@@ -91,14 +91,17 @@ def profile_target(target, max_tokens: int = 512, context_len: int = 256, tokens
         bar.update(1)
 
     spreads: list[float] = []
+    t0 = time.monotonic()
     raw = measure_step_times(target, counts, context_len, tokens_per_request, warmup, repeats, tick, spreads)
     bar.close()
+    seconds = time.monotonic() - t0
     busy_after = busy_cores(0.2) if device == "cpu" else None
     spread = statistics.median(spreads)
     others = max(busy or 0.0, busy_after or 0.0)
     noisy = spread > NOISY_SPREAD or others >= 0.5
     conditions = {"threads": torch.get_num_threads(), "threads_requested": threads, "cpus": usable_cpus(), "busy_cores_before": busy,
-                  "busy_cores_after": busy_after, "median_spread": round(spread, 4), "cached": not noisy}
+                  "busy_cores_after": busy_after, "median_spread": round(spread, 4), "cached": not noisy,
+                  "seconds": round(seconds, 1)}
     table = StepTimeTable(token_counts=counts, raw_ms=raw, model=target.name,
                           dtype=getattr(target, "precision", None) or str(target.dtype).removeprefix("torch."),
                           device=device, machine=machine_id(), context_len=context_len, conditions=conditions)

@@ -40,42 +40,103 @@ log = logging.getLogger("dspark.serve")
 DISCONNECT_POLL_S = 0.5
 
 
-@dataclass
+#: the phases /health reports before the engine is ready
+STARTING, LOADING, PROFILING, READY, FAILED = "starting", "loading", "profiling", "ready", "failed"
+PHASE_MESSAGES = {STARTING: "the server is starting", LOADING: "the server is loading the model",
+                  PROFILING: "the server is loading the drafter and measuring step times",
+                  FAILED: "the engine failed to start"}
+
+
 class ServerState:
-    engine: LLMEngine
-    async_engine: AsyncEngine
-    metrics: ServingMetrics
-    model: ModelContext
-    api_key: str | None
+    """What the routes share. The engine may come later than the app: `dspark serve`
+    answers /health (503, with the phase in its body) and /metrics from its first
+    second, while the model loads and the step-time profile runs; generation routes
+    answer 503 with Retry-After until `attach` has run."""
+
+    def __init__(self, config: ServeConfig, names: list[str]) -> None:
+        self.config = config
+        self.api_key = config.api_key
+        self.metrics = ServingMetrics(names[0])
+        self.names = names
+        self.phase = STARTING
+        self.phase_since = time.monotonic()
+        self.started = time.monotonic()
+        self.engine: LLMEngine | None = None
+        self.async_engine: AsyncEngine | None = None
+        self.model: ModelContext | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == READY
+
+    def set_phase(self, phase: str) -> None:
+        log.info("%s (%.1f s since start)", PHASE_MESSAGES.get(phase, phase), time.monotonic() - self.started)
+        self.phase, self.phase_since = phase, time.monotonic()
+
+    def attach(self, engine: LLMEngine) -> None:
+        """The engine is built: the routes may use it from now on."""
+        self.engine = engine
+        self.async_engine = AsyncEngine(engine, self.metrics, self.config.log_interval)
+        self.model = ModelContext(self.names, engine.target.tokenizer, engine.config.max_model_len,
+                                  engine.target.cfg.vocab_size)
+        self.phase, self.phase_since = READY, time.monotonic()
+        log.info("ready after %.1f s: serving %s, max %d running and %d waiting requests of up to %d tokens, "
+                 "API key %s", time.monotonic() - self.started, " / ".join(self.names),
+                 engine.config.max_num_seqs, engine.config.max_waiting, engine.config.max_model_len,
+                 "required" if self.api_key else "not required")
+
+    def build(self) -> None:
+        """Build the engine from the config on the calling thread (which then owns
+        torch's thread pool), reporting the phases; FAILED if it raises."""
+        try:
+            engine = build_engine(self.config, on_phase=self.set_phase)
+        except BaseException:
+            self.phase = FAILED
+            raise
+        self.attach(engine)
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            waited = time.monotonic() - self.started
+            raise APIError(503, f"{PHASE_MESSAGES.get(self.phase, self.phase)} ({waited:.0f} s so far); "
+                                "retry shortly", "service_unavailable", None, self.phase)
+
+    def health(self) -> tuple[int, dict]:
+        if self.ready:
+            if self.async_engine.alive:
+                return 200, {"status": "ok"}
+            return 503, {"status": "stopped", "message": "the engine is not running"}
+        return 503, {"status": self.phase, "message": PHASE_MESSAGES.get(self.phase, self.phase),
+                     "seconds": round(time.monotonic() - self.started, 1)}
 
 
-def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | None = None) -> FastAPI:
+def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | None = None,
+               build: bool = True) -> FastAPI:
     """The app for a built engine (with HTTP options from `config`) or for a
-    `ServeConfig` (the engine is built from it). The engine loop starts with the
-    app's lifespan on a thread of its own, unless `run_server` runs it on the main
-    thread, and stops with the lifespan; `app.state.dspark` is the `ServerState`."""
+    `ServeConfig`: the engine is built from it now, or with `build=False` later by
+    `state.build()` (what `run_server` does, so that /health answers during start-up).
+    The engine loop starts with the app's lifespan on a thread of its own, unless
+    `run_server` runs it on the main thread, and stops with the lifespan;
+    `app.state.dspark` is the `ServerState`."""
     if isinstance(engine_or_config, ServeConfig):
-        config = engine_or_config
-        engine = build_engine(config)
+        config, engine = engine_or_config, None
     else:
         engine = engine_or_config
         config = config or ServeConfig(speculative=None)
-    target = engine.target
-    names = config.served_model_names or [default_served_name(target)]
-    metrics = ServingMetrics(names[0])
-    state = ServerState(
-        engine=engine,
-        async_engine=AsyncEngine(engine, metrics, config.log_interval),
-        metrics=metrics,
-        model=ModelContext(names, target.tokenizer, engine.config.max_model_len, target.cfg.vocab_size),
-        api_key=config.api_key,
-    )
+    names = config.served_model_names or [default_served_name(engine.target.name if engine else config.model)]
+    state = ServerState(config, names)
+    if engine is not None:
+        state.attach(engine)
+    elif build:
+        state.build()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.async_engine.start()
+        if state.async_engine is not None:
+            state.async_engine.start()
         yield
-        await asyncio.to_thread(state.async_engine.shutdown)
+        if state.async_engine is not None:
+            await asyncio.to_thread(state.async_engine.shutdown)
 
     app = FastAPI(title="dspark", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dspark = state
@@ -89,8 +150,12 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
             raise APIError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
                            "authentication_error", None, "invalid_api_key")
 
-    auth = [Depends(require_api_key)]
     started = int(time.time())
+
+    async def require_ready() -> None:
+        state.require_ready()
+
+    auth = [Depends(require_api_key), Depends(require_ready)]
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request):
@@ -102,19 +167,19 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:
+        engine = state.engine
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": started, "owned_by": "dspark",
-             "root": str(target.path), "max_model_len": engine.config.max_model_len} for name in names]}
+             "root": str(engine.target.path), "max_model_len": engine.config.max_model_len} for name in names]}
 
     @app.get("/health")
-    async def health():
-        if not state.async_engine.alive:
-            raise APIError(503, "the engine is not running", "service_unavailable")
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        status, body = state.health()
+        return JSONResponse(body, status_code=status, headers=None if status == 200 else {"Retry-After": "1"})
 
     @app.get("/metrics")
     async def prometheus_metrics() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
 
@@ -145,7 +210,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 async def _generate(request: Request, state: ServerState,
                     parse: Callable[[dict, ModelContext], GenerationRequest], chat: bool):
-    req = parse(parse_json_body(await request.body()), state.model)
+    req = parse(parse_json_body(await _read_body(request, state.config.max_request_bytes)), state.model)
     reply = Reply(chat=chat, model=req.model, include_usage=req.include_usage)
     stream = RequestStream(reply.id, req.prompt_ids, req.params, asyncio.get_running_loop())
     try:
@@ -163,6 +228,26 @@ async def _generate(request: Request, state: ServerState,
     if req.stream:
         return _EventStream(_stream(state, stream, req, reply), lambda: _abort_unfinished(state, stream))
     return await _whole(request, state, stream, req, reply)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 once it is over `limit` bytes (by its declared
+    length before reading, else while reading)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is over the server's limit of {limit} bytes (--max-request-bytes)",
+                    "invalid_request_error", None, "request_too_large")
 
 
 def _abort_unfinished(state: ServerState, stream: RequestStream) -> None:

@@ -287,11 +287,12 @@ class AsyncEngine:
             self._finish(rid, RequestOutput([], True, "error", message))
 
     def _publish_load(self) -> None:
-        cache = self.engine.runner.cache
+        cache, drafter = self.engine.runner.cache, self.engine.runner.drafter
         with self._cond:
             queued = len(self._inbox)
         self.metrics.set_load(len(self.engine.running), len(self.engine.waiting) + queued,
-                              1.0 - cache.num_free / cache.num_slots)
+                              cache.num_slots - cache.num_free, cache.num_slots,
+                              0 if drafter is None else drafter.num_requests())
 
     def _until_next_log(self) -> float | None:
         if self.log_interval <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from dspark.engine.engine import EngineConfig, LLMEngine
@@ -37,6 +38,8 @@ class ServeConfig:
     log_interval: float = 10.0
     #: seconds in-flight requests get to finish after SIGINT/SIGTERM
     shutdown_timeout: float = 30.0
+    #: request bodies over this many bytes are refused with 413
+    max_request_bytes: int = 4 * 2**20
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative, str) and self.speculative != "default":
@@ -47,14 +50,19 @@ class ServeConfig:
             raise UserError(f"--log-interval must be >= 0 seconds, got {self.log_interval}")
         if self.shutdown_timeout < 0:
             raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
+        if self.max_request_bytes < 1024:
+            raise UserError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         if self.api_key == "":
             raise UserError("--api-key must not be empty")
         if any(not n for n in self.served_model_names):
             raise UserError("--served-model-name must not be empty")
 
 
-def default_served_name(target) -> str:
-    return DEFAULT_MODEL_NAME if target.name == "default" else target.name
+def default_served_name(model: str | None) -> str:
+    """The name /v1/models reports for `--model` (or a target's name)."""
+    if model in (None, "", "default"):
+        return DEFAULT_MODEL_NAME
+    return Path(model).name or str(model)
 
 
 def resolve_speculative(spec: SpeculativeConfig | str | None, target) -> SpeculativeConfig | None:
@@ -72,12 +80,16 @@ def resolve_speculative(spec: SpeculativeConfig | str | None, target) -> Specula
     return default
 
 
-def build_engine(config: ServeConfig) -> LLMEngine:
+def build_engine(config: ServeConfig, on_phase=lambda phase: None) -> LLMEngine:
+    """The engine `config` describes; `on_phase("loading")` before the model loads,
+    `on_phase("profiling")` before the drafter loads and the step times are measured."""
     from dspark.runtime.target import Target
 
+    on_phase("loading")
     target = Target.load(config.model, dtype=config.dtype, device=config.device,
                          max_len=config.engine.max_model_len, threads=config.threads)
     spec = resolve_speculative(config.speculative, target)
     log.info("speculative decoding: %s", "off" if spec is None else
              f"{spec.method} (policy {spec.policy}, drafter {spec.model or 'shipped'})")
+    on_phase("profiling")
     return LLMEngine(target, spec, config.engine)

@@ -67,6 +67,11 @@ class ServingMetrics:
         self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting to be admitted.", const_labels=c)
         self.kv_usage = Gauge(p + "kv_cache_usage_perc",
                               "Fraction of per-request KV slots in use (1 = full).", const_labels=c)
+        self.kv_slots_used = Gauge(p + "kv_slots_used", "KV slots held by requests (0 when idle; more is a leak).",
+                                   const_labels=c)
+        self.drafter_requests = Gauge(p + "spec_decode_drafter_requests",
+                                      "Requests whose state the drafter holds (0 when idle; more is a leak).",
+                                      const_labels=c)
         self.drafter_errors = Counter(p + "spec_decode_drafter_errors_total",
                                       "Drafter faults survived (a raising or non-finite draft, a failed context "
                                       "update); the requests concerned decoded without speculation.",
@@ -88,6 +93,7 @@ class ServingMetrics:
         self._families = [self.prompt_tokens, self.generation_tokens, self.request_success, self.request_error,
                           self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.accepted_per_pos,
                           self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
+                          self.kv_slots_used, self.drafter_requests,
                           self.drafter_errors, self.threads, self.slow_windows]
         self._hybrid_families = [self.lookup_tokens, self.lookup_ece]
         self.hybrid = False
@@ -129,10 +135,13 @@ class ServingMetrics:
             self.request_success.inc(finished_reason=reason)
         self.e2e.observe(e2e)
 
-    def set_load(self, running: int, waiting: int, kv_usage: float) -> None:
+    def set_load(self, running: int, waiting: int, kv_slots_used: int, kv_slots: int,
+                 drafter_requests: int = 0) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
-        self.kv_usage.set(kv_usage)
+        self.kv_usage.set(kv_slots_used / kv_slots)
+        self.kv_slots_used.set(kv_slots_used)
+        self.drafter_requests.set(drafter_requests)
 
     def on_engine(self, engine) -> None:
         """Health counters of the engine (drafter faults, threads, slow steps, hybrid lookup)."""

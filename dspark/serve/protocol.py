@@ -82,9 +82,31 @@ def parse_json_body(raw: bytes) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    _check_unicode(body)
     return body
+
+
+def _check_unicode(body: dict) -> None:
+    """Refuse strings that are not Unicode text: JSON's escapes can spell lone UTF-16
+    surrogates ("\\ud800"), which no tokenizer can encode."""
+    stack: list[object] = [body]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad_request(f"the request contains a string that is not valid Unicode (a lone surrogate): "
+                                  f"{x[:40].encode('utf-8', 'backslashreplace').decode()!r}") from None
 
 
 # --- typed field access -------------------------------------------------------------

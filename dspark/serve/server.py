@@ -8,6 +8,7 @@ whatever is left with an explicit error and stops the engine loop.
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import threading
@@ -15,27 +16,64 @@ import threading
 import uvicorn
 from fastapi import FastAPI
 
+log = logging.getLogger("dspark.serve")
+
 
 def run_server(app: FastAPI, host: str, port: int, shutdown_timeout: float = 30.0) -> bool:
     """Serve until SIGINT/SIGTERM, with the engine loop on the calling (main) thread
     and uvicorn's event loop on another; False if the server could not start (e.g.
-    the port is taken; uvicorn has logged why)."""
+    the port is taken; uvicorn has logged why).
+
+    An app whose engine is not built yet (`create_app(config, build=False)`) listens
+    first and builds it here, on the main thread, so that /health answers during
+    start-up; a signal during the build stops it at once."""
     config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                             timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
     server = uvicorn.Server(config)
-    engine = app.state.dspark.async_engine
-    engine.claim_foreground()
+    state = app.state.dspark
+    if state.async_engine is not None:
+        state.async_engine.claim_foreground()
     http = threading.Thread(target=server.run, name="dspark-http", daemon=True)
-    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    building = threading.Event()
+
+    def on_signal(sig: int, frame) -> None:
+        server.handle_exit(sig, frame)
+        if building.is_set():
+            raise _Interrupted
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         http.start()
+        if state.async_engine is None:
+            while not server.started and http.is_alive():
+                http.join(0.05)
+            if not server.started:
+                return False
+            building.set()
+            try:
+                state.build()
+            except _Interrupted:
+                log.info("stopped during start-up")
+                http.join()
+                return True
+            except BaseException:
+                server.should_exit = True
+                http.join()
+                raise
+            finally:
+                building.clear()
+            state.async_engine.claim_foreground()
         # The loop ends when the lifespan shuts it down, or when uvicorn ends without one.
-        engine.run_foreground(keep_running=http.is_alive)
+        state.async_engine.run_foreground(keep_running=http.is_alive)
         http.join()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return server.started
+
+
+class _Interrupted(BaseException):
+    """A signal arrived while the engine was being built."""
 
 
 class ServerThread:
