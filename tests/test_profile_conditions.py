@@ -111,3 +111,22 @@ def test_step_watch_falls_back_to_fewer_threads_and_returns(monkeypatch, capsys)
         assert "using 1 thread(s)" in err and "back to 2 threads" in err
     finally:
         torch.set_num_threads(threads)
+
+
+def test_step_watch_rescales_a_table_that_drifted(monkeypatch, capsys):
+    table = StepTimeTable.synthetic(base_ms=10, knee=16, per_token_ms=0.5, max_tokens=256)
+    before = [table.target_time(n) for n in (1, 8, 64)]
+    watch = profiling.StepWatch(table, window=10**9)  # the thread fallback out of the way
+    monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: 0.0)
+    for _ in range(watch.DRIFT_WINDOW):
+        watch.record(8, 0, 1.3 * table.step_time(8, 0))  # within the bound: kept
+    assert watch.refreshes == 0 and [table.target_time(n) for n in (1, 8, 64)] == before
+    for _ in range(watch.DRIFT_WINDOW):
+        watch.record(8, 0, 2.0 * before[1])  # the machine is twice as slow as its table says
+    assert watch.refreshes == 1
+    assert [table.target_time(n) for n in (1, 8, 64)] == pytest.approx([2 * t for t in before])
+    assert "rescaled" in capsys.readouterr().err
+    monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: 1.0)  # another process: not the table
+    for _ in range(watch.DRIFT_WINDOW):
+        watch.record(8, 0, 4.0 * before[1])
+    assert watch.refreshes == 1

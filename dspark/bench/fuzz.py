@@ -28,11 +28,32 @@ ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "
 GENERATION_ROUTES = ROUTES[:2]
 
 
+@dataclass(frozen=True)
+class LargeBody:
+    """A body of `size` bytes, built only when sent (thousands of them would not fit
+    in memory at once)."""
+
+    field: str  # "prompt" or "messages"
+    word: str
+    size: int
+
+    def build(self) -> bytes:
+        payload = self.word * (self.size // len(self.word.encode()))
+        obj = {"prompt": payload} if self.field == "prompt" else {"messages": [{"role": "user", "content": payload}]}
+        return json.dumps(obj).encode()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, item) -> bytes:
+        return f'<{self.size} bytes of {self.field} "{self.word}"...>'.encode()[item]
+
+
 @dataclass
 class FuzzCase:
     method: str
     path: str
-    body: bytes | None
+    body: bytes | LargeBody | None
     headers: dict[str, str] = field(default_factory=dict)
     kind: str = ""  # what the case mutates, for the report
 
@@ -63,7 +84,7 @@ class FuzzReport:
 
     def summary(self) -> dict:
         return {"cases": self.cases, "ok": self.ok, "seconds": round(self.seconds, 1),
-                "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+                "statuses": {str(k): v for k, v in sorted(self.statuses.items(), key=lambda kv: str(kv[0]))},
                 "kinds": dict(sorted(self.kinds.items())),
                 "server_errors": len(self.server_errors), "bad_error_shapes": len(self.bad_shapes),
                 "hangs": len(self.hangs), "broken_streams": len(self.broken_streams),
@@ -124,7 +145,7 @@ def draw_cases(num_cases: int, seed: int = 0, model_names: list[str] | None = No
     from hypothesis import seed as hseed
 
     st, anything, chat, completion = _strategies(model_names or ["default"])
-    header_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
+    header_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30).map(str.strip)
     odd_headers = st.dictionaries(
         st.sampled_from(["content-type", "authorization", "accept", "x-request-id", "x-anything", "accept-encoding",
                          "content-encoding", "user-agent"]), header_values, max_size=3)
@@ -156,10 +177,7 @@ def draw_cases(num_cases: int, seed: int = 0, model_names: list[str] | None = No
             size = draw(st.sampled_from([3 * 2**20, 5 * 2**20, 12 * 2**20]))
             word = draw(st.sampled_from(["a", "hello ", "\u00e9"]))
             field_name = "prompt" if path.endswith("/completions") and "chat" not in path else "messages"
-            payload = word * (size // len(word.encode()))
-            obj = {field_name: payload} if field_name == "prompt" else \
-                {"messages": [{"role": "user", "content": payload}]}
-            body = json.dumps(obj).encode()
+            body = LargeBody(field_name, word, size)
         elif kind == "method":
             method = draw(st.sampled_from(["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]))
             path = draw(st.sampled_from(ROUTES))
@@ -191,11 +209,14 @@ def draw_cases(num_cases: int, seed: int = 0, model_names: list[str] | None = No
 def _check(client: httpx.Client, case: FuzzCase, report_lists: dict[str, list], timeout: float) -> int | str:
     """Send one case; returns its status (or "hang") and files what went wrong."""
     try:
-        with client.stream(case.method, case.path, content=case.body, headers=case.headers,
+        body = case.body.build() if isinstance(case.body, LargeBody) else case.body
+        with client.stream(case.method, case.path, content=body, headers=case.headers,
                            timeout=timeout) as r:
             raw = b"".join(r.iter_bytes())
             status = r.status_code
             ctype = r.headers.get("content-type", "")
+    except httpx.LocalProtocolError:  # the client itself refuses to send it (e.g. an illegal header)
+        return "unsendable"
     except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError) as e:
         report_lists["hangs"].append(f"{type(e).__name__}: {case.describe()}")
         return "hang"

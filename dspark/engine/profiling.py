@@ -195,8 +195,16 @@ class StepWatch:
     once that load is gone again (probed every `recheck` steps), the threads return.
     `slow_windows` counts windows that ran slow, `fallbacks` thread reductions."""
 
+    #: steps whose median ratio (measured / table) decides a refresh, and the bound:
+    #: a ratio outside [1 / DRIFT_BOUND, DRIFT_BOUND] with no other load on the CPU
+    #: rescales the table by it (the table, not the machine, is off)
+    DRIFT_WINDOW = 128
+    DRIFT_BOUND = 1.5
+
     def __init__(self, table, window: int = 16, factor: float = 3.0, recheck: int = 256, quiet: bool = False):
         self.table = table
+        self.drift_ratios: list[float] = []
+        self.refreshes = 0
         self.window = window
         self.factor = factor
         self.recheck = recheck
@@ -209,6 +217,21 @@ class StepWatch:
         self.slow_windows = 0
         self.fallbacks = 0
 
+    def _check_drift(self) -> None:
+        from dspark.runtime.profiler import busy_cores
+
+        ratio = statistics.median(self.drift_ratios)
+        self.drift_ratios.clear()
+        if 1 / self.DRIFT_BOUND <= ratio <= self.DRIFT_BOUND or self.reduced:
+            return
+        busy = busy_cores(0.05)
+        if busy is not None and busy >= 0.5:
+            return  # another process, not the table: the thread fallback handles it
+        self.table.scale(ratio)
+        self.refreshes += 1
+        _say(f"steps ran {ratio:.2f}x the step-time table's times over the last {self.DRIFT_WINDOW} steps with the "
+             f"CPU otherwise idle: the table is rescaled to match (refresh {self.refreshes})", self.quiet)
+
     def record(self, n_tokens: int, n_requests: int, seconds: float) -> None:
         from dspark.runtime.profiler import busy_cores, threads_for_load
 
@@ -217,6 +240,9 @@ class StepWatch:
         predicted = self.table.step_time(n_tokens, n_requests)
         if predicted > 0:
             self.ratios.append(seconds / predicted)
+            self.drift_ratios.append(seconds / predicted)
+            if len(self.drift_ratios) >= self.DRIFT_WINDOW:
+                self._check_drift()
         self.steps_since_probe += 1
         if self.reduced and self.steps_since_probe >= self.recheck:
             self.steps_since_probe = 0

@@ -26,6 +26,7 @@ from dspark.runtime.model import Transformer
 from dspark.schedule.policies import VerifyLengthPolicy
 from dspark.verify import rejection_sample
 
+from .calibration_watch import CalibrationWatch
 from .sequence import Sequence
 
 log = logging.getLogger("dspark.engine")
@@ -54,6 +55,9 @@ class SpecRunner:
         #: context updates that failed); requests whose drafter state is lost
         self.drafter_errors = 0
         self.undrafted: set[object] = set()
+        #: the drafter's confidences against verification, while serving
+        self.calibration = CalibrationWatch()
+        self._confidence: list[list[float] | None] | None = None  # this step's, per decode
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -86,6 +90,7 @@ class SpecRunner:
 
     def _verify_lengths(self, decodes: list[Sequence]) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
         none = [0] * len(decodes), None, None
+        self._confidence = None
         if not decodes or self.num_spec == 0 or not self.policy.should_draft(len(decodes), self.num_spec):
             return none
         rows = [i for i, s in enumerate(decodes) if s.request_id not in self.undrafted]
@@ -105,7 +110,11 @@ class SpecRunner:
             self._fault("draft", f"non-finite logits or confidences for {len(bad)} of {len(rows)} requests")
         g = out.tokens.shape[1]
         if out.confidence is not None:
-            survival = torch.cumprod(out.confidence.float().nan_to_num(0.0).clamp(0.0, 1.0), dim=1)  # [R, G]
+            conf = out.confidence.float().nan_to_num(0.0).clamp(0.0, 1.0)
+            survival = torch.cumprod(conf, dim=1)  # [R, G]
+            self._confidence = [None] * len(decodes)
+            for i, row in zip(rows, conf.tolist()):
+                self._confidence[i] = row
         else:
             survival = torch.ones(len(rows), g)
         chosen = self.policy.choose(survival)
@@ -180,6 +189,8 @@ class SpecRunner:
                                                  result.num_accepted[: len(decodes)])
             except Exception:
                 self._fault("record_verification")
+            if self._confidence is not None:
+                self.calibration.observe(self._confidence, lengths, result.num_accepted[: len(decodes)])
         emitted: dict[object, list[int]] = {}
         ctx_ids, ctx_tokens, ctx_starts, ctx_rows = [], [], [], []
         for i, s in enumerate(seqs):

@@ -107,6 +107,12 @@ class DrafterTimeTable:
             return 0.0
         return float(_interp_ms(np.float64(n_requests), self._counts, self._ms)) / 1000.0
 
+    def scale(self, factor: float) -> None:
+        """Multiply every time by `factor` (in place)."""
+        self.raw_ms = [t * factor for t in self.raw_ms]
+        self.step_ms = [t * factor for t in self.step_ms]
+        self._ms = self._ms * factor
+
     def to_dict(self) -> dict:
         return {
             "method": self.method,
@@ -160,6 +166,17 @@ class StepTimeTable:
     def step_time(self, n_tokens: int, n_requests: int) -> float:
         """Seconds for a whole decode step: draft for `n_requests`, verify `n_tokens`."""
         return self.target_time(n_tokens) + self.drafter_time(n_requests)
+
+    def scale(self, factor: float) -> None:
+        """Multiply every time, the drafter's too, by `factor` (in place: a scheduler
+        holding this table sees the new times from its next step)."""
+        if not factor > 0:
+            raise ScheduleError(f"a step-time table can only be scaled by a positive factor, got {factor}")
+        self.raw_ms = [t * factor for t in self.raw_ms]
+        self.step_ms = [t * factor for t in self.step_ms]
+        self._ms = self._ms * factor
+        if self.drafter is not None:
+            self.drafter.scale(factor)
 
     def step_times(self, n_tokens: np.ndarray, n_requests: int) -> np.ndarray:
         """`step_time` for many token counts at once (the scheduler's inner loop).

@@ -292,7 +292,7 @@ class AsyncEngine:
             queued = len(self._inbox)
         self.metrics.set_load(len(self.engine.running), len(self.engine.waiting) + queued,
                               cache.num_slots - cache.num_free, cache.num_slots,
-                              0 if drafter is None else drafter.num_requests())
+                              _drafter_requests(drafter))
 
     def _until_next_log(self) -> float | None:
         if self.log_interval <= 0:
@@ -309,3 +309,12 @@ class AsyncEngine:
         line = self.metrics.window.line(len(self.engine.running), len(self.engine.waiting), now)
         if line:
             log.info(line)
+
+
+def _drafter_requests(drafter) -> float:
+    if drafter is None:
+        return 0
+    try:
+        return drafter.num_requests()
+    except NotImplementedError:  # a drafter that does not say
+        return float("nan")

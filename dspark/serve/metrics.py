@@ -81,12 +81,26 @@ class ServingMetrics:
         self.lookup_ece = Gauge(p + "spec_decode_lookup_calibration_ece",
                                 "Hybrid drafting: ECE of the lookup confidences against observed acceptance "
                                 "since start-up (NaN before any lookup token was verified).", const_labels=c)
+        self.calibration_ece = Gauge(p + "spec_decode_calibration_ece",
+                                     "ECE of the drafter's confidences against verification over the last 20000 "
+                                     "verified draft tokens (NaN before any; a warning is logged above 0.1).",
+                                     const_labels=c)
+        self.predicted_acceptance = Gauge(p + "spec_decode_predicted_acceptance",
+                                          "Mean confidence the drafter gave its tokens, by draft position "
+                                          "(0-based; conditional on the earlier tokens being accepted).",
+                                          ("position",), c)
+        self.observed_acceptance = Gauge(p + "spec_decode_observed_acceptance",
+                                         "Observed acceptance of draft tokens whose earlier tokens were accepted, "
+                                         "by draft position, over the same window.", ("position",), c)
         self.threads = Gauge(p + "engine_threads", "CPU threads the engine's torch uses now (fewer while other "
                              "processes take cores).", const_labels=c)
         self.slow_windows = Counter(p + "step_time_slow_windows_total",
                                     "Windows of 16 steps that ran over 3x slower than the step-time table.",
                                     const_labels=c)
-        self._engine_seen = {"errors": 0, "lookup": 0, "slow": 0}
+        self.table_refreshes = Counter(p + "step_time_table_refreshes_total",
+                                       "Step-time table rescaled while serving: the median step over 128 steps "
+                                       "was off by more than 1.5x with the CPU otherwise idle.", const_labels=c)
+        self._engine_seen = {"errors": 0, "lookup": 0, "slow": 0, "refreshes": 0}
         self._ece_at = float("-inf")
         for reason in FINISH_REASONS:
             self.request_success.inc(0, finished_reason=reason)
@@ -94,8 +108,10 @@ class ServingMetrics:
                           self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.accepted_per_pos,
                           self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                           self.kv_slots_used, self.drafter_requests,
-                          self.drafter_errors, self.threads, self.slow_windows]
+                          self.drafter_errors, self.threads, self.slow_windows, self.table_refreshes]
         self._hybrid_families = [self.lookup_tokens, self.lookup_ece]
+        self._calibration_families = [self.calibration_ece, self.predicted_acceptance, self.observed_acceptance]
+        self.calibration_ece.set(float("nan"))
         self.hybrid = False
         self.window = LogWindow()
 
@@ -155,19 +171,28 @@ class ServingMetrics:
         if watch is not None:
             self.slow_windows.inc(watch.slow_windows - seen["slow"])
             seen["slow"] = watch.slow_windows
+            self.table_refreshes.inc(watch.refreshes - seen["refreshes"])
+            seen["refreshes"] = watch.refreshes
         drafter = runner.drafter
+        now = time.monotonic()
+        refresh = now - self._ece_at >= 1.0  # windowed figures: about once a second
+        if refresh and runner.calibration.observed:
+            self.calibration_ece.set(runner.calibration.ece())
+            for k, (pred, obs, _) in runner.calibration.per_position().items():
+                self.predicted_acceptance.set(pred, position=k)
+                self.observed_acceptance.set(obs, position=k)
         if getattr(drafter, "lookup_enabled", False):
             self.hybrid = True
             n = drafter.counts["lookup_tokens"]
             self.lookup_tokens.inc(n - seen["lookup"])
             seen["lookup"] = n
-            now = time.monotonic()
-            if now - self._ece_at >= 1.0:  # an ECE over the recent window: about once a second
-                self._ece_at = now
+            if refresh:
                 self.lookup_ece.set(drafter.calibration.ece())
+        if refresh:
+            self._ece_at = now
 
     def render(self) -> str:
-        return render(self._families + (self._hybrid_families if self.hybrid else []))
+        return render(self._families + self._calibration_families + (self._hybrid_families if self.hybrid else []))
 
 
 class LogWindow:

@@ -87,18 +87,21 @@ class Counter(_Family):
 
 
 class Gauge(_Family):
+    """A value that goes up and down; with label names, one value per label set."""
+
     kind = "gauge"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._value = 0.0
+        self._values: dict[LabelValues, float] = {} if self.labelnames else {(): 0.0}
 
-    def set(self, value: float) -> None:
+    def set(self, value: float, **labels: object) -> None:
+        key = self._key(labels)
         with self._lock:
-            self._value = float(value)
+            self._values[key] = float(value)
 
     def _samples(self) -> list[str]:
-        return [f"{self.name}{self._label_str(())} {_number(self._value)}"]
+        return [f"{self.name}{self._label_str(k)} {_number(v)}" for k, v in sorted(self._values.items())]
 
 
 class Histogram(_Family):
