@@ -1,32 +1,16 @@
-"""Exception types that signal a user mistake (bad path, bad value, too long a prompt).
+"""The base of every error that signals a user mistake (bad path, bad value, too long
+a prompt). A leaf module: it imports nothing, so anything may import it.
 
-The CLI prints these as one line; the server maps them to HTTP 400."""
+Each domain error subclasses `UserError` where it lives (`DataError` in
+`data/sources.py`, `ContextTooLong` in `runtime/kv_cache.py`, ...). The CLI prints a
+`UserError` as one line (exit status 2); the server maps it to HTTP 400."""
 
 from __future__ import annotations
 
-from .data.sources import DataError
-from .drafters.checkpoint import DrafterCheckpointError
-from .drafters.config import DrafterConfigError
-from .runtime.config import ConfigError
-from .runtime.default_model import DefaultModelUnavailable
-from .runtime.kv_cache import ContextTooLong
-from .runtime.loader import ModelLoadError
-from .sampling import SamplingError
-from .schedule.step_time import ScheduleError
 
 class UserError(Exception):
     """A mistake the user can fix; the CLI prints it as one line (exit status 2)."""
 
 
-USER_ERRORS: tuple[type[Exception], ...] = (
-    UserError,
-    ConfigError,
-    DefaultModelUnavailable,
-    ContextTooLong,
-    ModelLoadError,
-    SamplingError,
-    DrafterConfigError,
-    DrafterCheckpointError,
-    ScheduleError,
-    DataError,
-)
+#: what callers catch as "the user's mistake" (every domain error subclasses UserError)
+USER_ERRORS: tuple[type[Exception], ...] = (UserError,)

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dspark.errors import UserError
 
-class SamplingError(ValueError):
+
+class SamplingError(UserError, ValueError):
     pass
 
 

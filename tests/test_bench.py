@@ -348,3 +348,33 @@ def test_bench_serve_unreachable_server_is_a_clear_error(capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "cannot reach the server" in err and "--base-url" in err
+
+
+NO_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "tokenizers", "safetensors"):
+            raise ImportError(f"{name} is blocked: dspark bench must run without it")
+sys.meta_path.insert(0, Block())
+from dspark.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_bench_runs_without_torch(tmp_path):
+    """The HTTP-only benchmark client needs neither torch nor transformers: it runs on
+    a machine that only sends load (errors.py is a leaf; nothing upstream imports torch)."""
+    import subprocess
+    import sys
+
+    from dspark.bench.server_process import free_port
+
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, "bench", "serve", "--base-url",
+                        f"http://127.0.0.1:{free_port()}", "--num-prompts", "2", "--disable-tqdm"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cannot reach the server" in r.stderr, r.stderr
+    assert "blocked" not in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, "bench", "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "sweep" in r.stdout, r.stderr

@@ -19,10 +19,12 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark.errors import UserError
+
 DATASETS = ("math", "code", "chat", "mixed")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A prompt source is missing or malformed; the message says what to fix."""
 
 

@@ -24,8 +24,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """A prompt set is missing or unreadable, or a data option is wrong; the message
     says what to do."""
 

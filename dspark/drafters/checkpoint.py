@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dspark.errors import UserError
 from dspark.runtime.loader import read_safetensors_dir
 
 from .base import Drafter
@@ -37,7 +38,7 @@ SHARED_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
 CALIBRATION_FILE = "calibration.json"
 
 
-class DrafterCheckpointError(ValueError):
+class DrafterCheckpointError(UserError, ValueError):
     """A drafter checkpoint that is unreadable or does not fit the target."""
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dspark.errors import UserError
 from dspark.runtime.config import ModelConfig
 
 METHODS = ("dspark", "dflash", "eagle3", "mtp")
@@ -52,7 +53,7 @@ CONFIG_JSON_FIELDS = frozenset({
 })
 
 
-class DrafterConfigError(ValueError):
+class DrafterConfigError(UserError, ValueError):
     """A drafter configuration that cannot be built (bad field value or combination)."""
 
 

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark.errors import UserError
+
 # HF `model_type` -> (qkv_bias, qk_norm)
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "llama": (False, False),
@@ -20,7 +22,7 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     pass
 
 

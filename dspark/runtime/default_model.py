@@ -12,11 +12,13 @@ import importlib.util
 import os
 from pathlib import Path
 
+from dspark.errors import UserError
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class DefaultModelUnavailable(RuntimeError):
+class DefaultModelUnavailable(UserError, RuntimeError):
     pass
 
 

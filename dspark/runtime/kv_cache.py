@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from dspark.errors import UserError
+
 from .config import ModelConfig
 
 
@@ -21,7 +23,7 @@ class KVCacheFull(RuntimeError):
     """No free slot (too many running requests for the configured memory budget)."""
 
 
-class ContextTooLong(ValueError):
+class ContextTooLong(UserError, ValueError):
     """A request would grow past the per-request maximum length."""
 
 

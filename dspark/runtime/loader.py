@@ -12,11 +12,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from dspark.errors import UserError
+
 from .config import ConfigError, ModelConfig
 from .model import Transformer, pack_cpu_bf16_linears, use_bf16_weights
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError, ValueError):
     pass
 
 

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.errors import UserError
 
-class ScheduleError(ValueError):
+
+class ScheduleError(UserError, ValueError):
     """A bad step-time table or scheduler setting supplied by the user."""
 
 
