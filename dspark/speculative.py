@@ -29,6 +29,12 @@ POLICIES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
 SHIPPED_DIR = Path(__file__).parent / "drafters" / "shipped"
 
 
+#: what a missing --speculative-config means in every command: the DSpark drafter
+#: shipped for the target, with adaptive verification; a target without one runs
+#: without speculation (with a warning). 'none' turns speculation off.
+DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True}
+
+
 @dataclass
 class SpeculativeConfig:
     method: str = "dspark"
@@ -167,3 +173,39 @@ def generate_speculative(
     stats = {"method": spec.method, "policy": spec.policy, **seq.stats.as_dict()}
     return GenerationResult(seq.output_ids, engine.final_text(seq), seq.finish_reason or "length",
                             len(prompt_ids), elapsed, first, stats)
+
+
+def parse_speculative_arg(text: str | None) -> "SpeculativeConfig | str | None":
+    """`--speculative-config` as given: None (missing) -> "default", 'none' -> None,
+    else the JSON object as a SpeculativeConfig."""
+    import json
+
+    if text is None:
+        return "default"
+    if text.strip().lower() == "none":
+        return None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--speculative-config is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise UserError("--speculative-config must be a JSON object or 'none'")
+    return SpeculativeConfig.from_dict(cfg)
+
+
+def resolve_speculative(spec: "SpeculativeConfig | str | None", target) -> "SpeculativeConfig | None":
+    """The config to build the engine with; "default" (DEFAULT_SPECULATIVE) falls back
+    to no speculation, with a warning, when no drafter is shipped for this target."""
+    import logging
+
+    if spec != "default":
+        return spec
+    default = SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE)
+    try:
+        default.drafter_path(target.name)
+    except UserError as e:
+        logging.getLogger("dspark.serve").warning(
+            "running WITHOUT speculative decoding: %s. Choose a drafter with --speculative-config "
+            "(e.g. '{\"method\": \"ngram\"}'), or pass 'none' to silence this warning.", e)
+        return None
+    return default

@@ -18,35 +18,17 @@ import random
 import re
 
 from dspark.data import load_prompts
-from dspark.data.sources import data_file
+from dspark.data.sources import read_gsm8k, read_sharegpt
 from dspark.runtime.target import Target
 
 
 def sharegpt_replies() -> dict[str, str]:
-    text = data_file("sharegpt").read_text(encoding="utf-8")
-    dec, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i, out = text.find("[") + 1, {}
-    while True:
-        i = gap.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            return out
-        try:
-            item, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return out
-        turns = item.get("conversations") or []
-        if len(turns) > 1 and turns[0].get("from") == "human" and turns[1].get("from") == "gpt":
-            out[str(item.get("id"))] = str(turns[1].get("value", ""))
+    return {r.key: r.meta["reply"] for r in read_sharegpt() if r.meta.get("reply")}
 
 
 def gsm8k_answers() -> dict[str, str]:
-    out = {}
-    with open(data_file("gsm8k")) as f:
-        for i, line in enumerate(f):
-            row = json.loads(line)
-            ans = re.sub(r"<<[^>]*>>", "", row["answer"]).replace("\n#### ", "\nThe answer is ")
-            out[f"{i:04d}"] = ans
-    return out
+    return {r.key: re.sub(r"<<[^>]*>>", "", r.meta["answer"]).replace("\n#### ", "\nThe answer is ")
+            for r in read_gsm8k()}
 
 
 def main() -> None:

@@ -379,7 +379,7 @@ def test_health_and_metrics_answer_while_the_engine_is_built(tmp_path):
 def test_default_speculation_falls_back_to_none_without_a_shipped_drafter(tmp_path, monkeypatch, caplog):
     from types import SimpleNamespace
 
-    from dspark.serve.config import resolve_speculative
+    from dspark.speculative import resolve_speculative
 
     monkeypatch.setattr("dspark.speculative.SHIPPED_DIR", tmp_path)
     target = SimpleNamespace(name="default")

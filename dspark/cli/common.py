@@ -26,3 +26,14 @@ def load_target(args: argparse.Namespace):
 
     return Target.load(args.model, dtype=args.dtype, device=args.device,
                        max_len=args.max_model_len, threads=args.threads)
+
+
+def add_speculative_arg(p: argparse.ArgumentParser) -> None:
+    """--speculative-config, with the same meaning in every command."""
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding as JSON with vLLM key names, e.g. \'{"method": "ngram"}\' or '
+                        '\'{"method": "dspark", "model": "DRAFTER_DIR", "enable_adaptive_verification": true}\'; '
+                        "methods: dspark, dflash, eagle3, mtp, ngram (without \"model\", the drafter shipped for "
+                        "the default model). 'none' = no speculation. Default (also in every other command): the "
+                        "shipped DSpark drafter with adaptive verification; for a target without one, no "
+                        "speculation, with a warning")

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .common import add_model_args, load_target
+from .common import add_model_args, add_speculative_arg, load_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,10 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-tokens", type=int, default=256, help="maximum new tokens (default: %(default)s)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed; same seed, same output (default: %(default)s)")
     s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--speculative-config", default=None,
-                   help='JSON with vLLM key names, e.g. \'{"method": "dspark", "num_speculative_tokens": 7}\'; '
-                        "methods: dspark, dflash, eagle3, mtp, ngram; without \"model\" the shipped drafter "
-                        "of that method is used")
+    add_speculative_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.set_defaults(func=run)
 
@@ -37,11 +34,13 @@ def run(args: argparse.Namespace) -> int:
     from dspark.generate import check_prompt, generate_plain
     from dspark.runtime.tokenizer import IncrementalDetokenizer
     from dspark.sampling import SamplingParams
+    from dspark.speculative import parse_speculative_arg, resolve_speculative
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, stop=args.stop)
-    spec = _parse_spec_config(args.speculative_config)
+    spec = parse_speculative_arg(args.speculative_config)
     target = load_target(args)
+    spec = resolve_speculative(spec, target)
     prompt_ids = target.tokenizer.chat_prompt(args.prompt)
     check_prompt(target, prompt_ids, args.max_model_len)
 
@@ -85,19 +84,3 @@ def run(args: argparse.Namespace) -> int:
                      f"over {st['num_rounds']} rounds; per-position acceptance: {per_pos}]")
         print(line, file=sys.stderr)
     return 0
-
-
-def _parse_spec_config(text: str | None):
-    if text is None:
-        return None
-    from dspark.errors import UserError
-
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--speculative-config is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise UserError("--speculative-config must be a JSON object")
-    from dspark.speculative import SpeculativeConfig
-
-    return SpeculativeConfig.from_dict(cfg)

@@ -34,13 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, mod in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(f"dspark.cli.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name == f"dspark.cli.{mod}":
-                continue  # not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"dspark.cli.{mod}").register(sub)
     return parser
 
 

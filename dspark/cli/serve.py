@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from .common import add_model_args
+from .common import add_model_args, add_speculative_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,12 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "are measured, then 200. Stops gracefully on SIGINT/SIGTERM.",
     )
     add_model_args(p)
-    p.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help='speculative decoding as JSON with vLLM key names, e.g. \'{"method": "ngram"}\' or '
-                        '\'{"method": "dspark", "model": "DRAFTER_DIR", "enable_adaptive_verification": true}\'; '
-                        "'none' = no speculation. Default: the DSpark drafter shipped for the default model "
-                        "with adaptive verification; if none is shipped, the server warns and runs without "
-                        "speculation")
+    add_speculative_arg(p)
     h = p.add_argument_group("HTTP")
     h.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 for every interface (default: %(default)s)")
@@ -60,17 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dspark.engine.engine import EngineConfig
     from dspark.serve import ServeConfig, create_app, run_server
-
-    from .generate import _parse_spec_config
+    from dspark.speculative import parse_speculative_arg
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    text = args.speculative_config
-    if text is None:
-        spec = "default"
-    elif text.strip().lower() == "none":
-        spec = None
-    else:
-        spec = _parse_spec_config(text)
+    spec = parse_speculative_arg(args.speculative_config)
     config = ServeConfig(
         model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, speculative=spec,
         engine=EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,

@@ -115,7 +115,8 @@ def read_mtbench() -> Iterator[RawPrompt]:
 
 
 def read_sharegpt() -> Iterator[RawPrompt]:
-    """First human turns of ShareGPT conversations.
+    """First human turns of ShareGPT conversations (the assistant's first reply in
+    `meta["reply"]`, empty when there is none).
 
     The shipped JSON array is cut off mid-item, so it is decoded one item at a time
     and reading stops at the first item that does not parse. Conversations that open
@@ -136,7 +137,8 @@ def read_sharegpt() -> Iterator[RawPrompt]:
             return  # the truncated tail
         turns = item.get("conversations") or []
         if turns and turns[0].get("from") == "human" and str(turns[0].get("value", "")).strip():
-            yield RawPrompt(str(item.get("id", i)), turns[0]["value"])
+            reply = turns[1].get("value", "") if len(turns) > 1 and turns[1].get("from") == "gpt" else ""
+            yield RawPrompt(str(item.get("id", i)), turns[0]["value"], meta={"reply": str(reply)})
 
 
 def read_champ() -> Iterator[RawPrompt]:

@@ -69,8 +69,3 @@ class FlatBatch:
             raise ValueError(f"logits must be last/all/none, got {logits!r}")
         return cls(ids, pos, list(slots), cu, rows)
 
-    @classmethod
-    def make_dummy(cls, seq_lens: list[int], vocab_size: int = 32, seed: int = 0) -> "FlatBatch":
-        g = torch.Generator().manual_seed(seed)
-        tokens = [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in seq_lens]
-        return cls.from_requests(tokens, [0] * len(seq_lens), list(range(len(seq_lens))), logits="all")

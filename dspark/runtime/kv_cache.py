@@ -55,28 +55,6 @@ class KVCachePool:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
 
-    @classmethod
-    def from_budget(
-        cls,
-        cfg: ModelConfig,
-        memory_bytes: int,
-        max_len: int,
-        dtype: torch.dtype,
-        device: torch.device | str = "cpu",
-        max_slots: int | None = None,
-    ) -> "KVCachePool":
-        per_slot = cls.bytes_per_token(cfg, dtype) * max_len
-        slots = memory_bytes // per_slot
-        if slots < 1:
-            raise KVCacheFull(
-                f"a KV budget of {memory_bytes / 2**20:.0f} MiB holds no request of "
-                f"{max_len} tokens ({per_slot / 2**20:.1f} MiB each); raise the budget "
-                "or lower the maximum model length"
-            )
-        if max_slots is not None:
-            slots = min(slots, max_slots)
-        return cls(cfg, int(slots), max_len, dtype, device)
-
     # --- ownership -------------------------------------------------------------
     @property
     def num_free(self) -> int:

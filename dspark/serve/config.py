@@ -9,14 +9,9 @@ from dataclasses import dataclass, field
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.errors import UserError
 from dspark.runtime.default_model import DEFAULT_MODEL_NAME
-from dspark.speculative import SpeculativeConfig
+from dspark.speculative import SpeculativeConfig, resolve_speculative
 
 log = logging.getLogger("dspark.serve")
-
-#: `speculative="default"`: the DSpark drafter shipped for the default target, with
-#: adaptive verification; without one, the server runs without speculation.
-DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True}
-
 
 @dataclass
 class ServeConfig:
@@ -25,7 +20,7 @@ class ServeConfig:
     dtype: str = "auto"
     device: str | None = None
     threads: int | None = None
-    #: a config, None for no speculation, or "default" (see DEFAULT_SPECULATIVE)
+    #: a config, None for no speculation, or "default" (dspark.speculative.DEFAULT_SPECULATIVE)
     speculative: SpeculativeConfig | str | None = "default"
     engine: EngineConfig = field(default_factory=EngineConfig)
     # HTTP
@@ -63,21 +58,6 @@ def default_served_name(model: str | None) -> str:
     if model in (None, "", "default"):
         return DEFAULT_MODEL_NAME
     return Path(model).name or str(model)
-
-
-def resolve_speculative(spec: SpeculativeConfig | str | None, target) -> SpeculativeConfig | None:
-    """The config to build the engine with; "default" falls back to no speculation,
-    with a warning, when no drafter is shipped for this target."""
-    if spec != "default":
-        return spec
-    default = SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE)
-    try:
-        default.drafter_path(target.name)
-    except UserError as e:
-        log.warning("serving WITHOUT speculative decoding: %s. Choose a drafter with --speculative-config "
-                    "(e.g. '{\"method\": \"ngram\"}'), or pass 'none' to silence this warning.", e)
-        return None
-    return default
 
 
 def build_engine(config: ServeConfig, on_phase=lambda phase: None) -> LLMEngine:
