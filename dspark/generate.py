@@ -110,3 +110,33 @@ def generate_plain(
         feed = [tok]
     elapsed = time.perf_counter() - t0
     return GenerationResult(out, stopper.final_text(out), finish, len(prompt_ids), elapsed, first_token_s)
+
+
+def generate_speculative(
+    target,
+    prompt_ids: list[int],
+    params,
+    spec: SpeculativeConfig,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    max_len: int = 4096,
+):
+    """One prompt through the engine with speculation; returns a GenerationResult
+    whose `stats` carry the acceptance statistics."""
+    from dspark.engine.engine import EngineConfig, LLMEngine
+
+    check_prompt(target, prompt_ids, max_len)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=max_len))
+    t0 = time.perf_counter()
+    seq = engine.add_request(prompt_ids, params)
+    first = 0.0
+    while not seq.is_finished:
+        for out in engine.step():
+            if out.new_tokens:
+                if not first:
+                    first = time.perf_counter() - t0
+                if on_tokens:
+                    on_tokens(out.new_tokens)
+    elapsed = time.perf_counter() - t0
+    stats = {"method": spec.method, "policy": spec.policy, **seq.stats.as_dict()}
+    return GenerationResult(seq.output_ids, engine.final_text(seq), seq.finish_reason or "length",
+                            len(prompt_ids), elapsed, first, stats)

@@ -73,7 +73,7 @@ def _in_process_server(tmp: Path):
     from dspark.runtime.default_model import default_model_dir
     from dspark.runtime.target import Target
     from dspark.serve import ServeConfig, ServerThread, create_app
-    from dspark.speculative import SpeculativeConfig
+    from dspark.engine.config import SpeculativeConfig
 
     write_tiny_model(tmp / "tiny", default_model_dir())
     target = Target.load(str(tmp / "tiny"), dtype="fp32", device="cpu", max_len=64)

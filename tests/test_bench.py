@@ -268,7 +268,7 @@ def test_client_failures():
 def ngram_server(default_target_fp32):
     from dspark.engine.engine import EngineConfig, LLMEngine
     from dspark.serve import ServeConfig, ServerThread, create_app
-    from dspark.speculative import SpeculativeConfig
+    from dspark.engine.config import SpeculativeConfig
 
     engine = LLMEngine(default_target_fp32, SpeculativeConfig(method="ngram"),
                        EngineConfig(max_num_seqs=4, max_model_len=512))

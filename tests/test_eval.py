@@ -50,7 +50,7 @@ def test_cli_checks_its_inputs(tmp_path, capsys):
 @pytest.mark.slow
 def test_shipped_drafters_on_the_default_model(default_target):
     """The shipped drafters fit the size budget, load, and decode with acceptance in range."""
-    from dspark.speculative import SHIPPED_DIR
+    from dspark.engine.config import SHIPPED_DIR
 
     sizes = {m: (SHIPPED_DIR / m / "model.safetensors").stat().st_size for m in ("dspark", "dflash", "eagle3", "mtp")}
     assert max(sizes.values()) <= 40e6 and sum(sizes.values()) <= 100e6, sizes

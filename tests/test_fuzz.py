@@ -13,7 +13,7 @@ import pytest
 from dspark.bench.fuzz import FuzzCase, draw_cases, run_cases, write_tiny_model
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.serve import ServeConfig, ServerThread, create_app
-from dspark.speculative import SpeculativeConfig
+from dspark.engine.config import SpeculativeConfig
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from dspark.drafters.lookup import HybridDrafter, LookupCalibration, LookupMatch, fit_lookup_calibration, lookup
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.sampling import SamplingParams
-from dspark.speculative import SpeculativeConfig
+from dspark.engine.config import SpeculativeConfig
 
 from test_drafters import target_hidden
 from test_speculative import greedy_case, tiny_target  # noqa: F401  (fixtures)
@@ -98,7 +98,7 @@ def _table(tmp_path, per_position: list[float], name: str = "cal.json") -> str:
 def test_hybrid_block_takes_lookup_then_drafter_with_point_mass_q(default_target_fp32, tmp_path):
     from dspark.drafters import load_drafter
     from dspark.drafters.base import DraftRequest
-    from dspark.speculative import SHIPPED_DIR
+    from dspark.engine.config import SHIPPED_DIR
 
     target = default_target_fp32
     inner = load_drafter(SHIPPED_DIR / "dspark", target.model)

@@ -22,7 +22,7 @@ from dspark.serve import ServeConfig, ServerThread, create_app
 from dspark.serve.metrics import LogWindow, stats_delta
 from dspark.serve.prometheus import Counter, Histogram, render
 from dspark.serve.text import OutputText
-from dspark.speculative import SpeculativeConfig
+from dspark.engine.config import SpeculativeConfig
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -200,6 +200,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server):
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": [1, 10**9]}, "prompt"),
         ({"prompt": "word " * 400}, "prompt"),  # over the context limit
+        ({"prompt": "a" * 3_000_000}, "prompt"),  # refused by its length, before tokenizing
         ({"prompt": "x", "ignore_eos": 1}, "ignore_eos"),
     ]:
         err = assert_error(post(comp, body), 400)
@@ -379,9 +380,9 @@ def test_health_and_metrics_answer_while_the_engine_is_built(tmp_path):
 def test_default_speculation_falls_back_to_none_without_a_shipped_drafter(tmp_path, monkeypatch, caplog):
     from types import SimpleNamespace
 
-    from dspark.speculative import resolve_speculative
+    from dspark.engine.config import resolve_speculative
 
-    monkeypatch.setattr("dspark.speculative.SHIPPED_DIR", tmp_path)
+    monkeypatch.setattr("dspark.engine.config.SHIPPED_DIR", tmp_path)
     target = SimpleNamespace(name="default")
     with caplog.at_level("WARNING", logger="dspark.serve"):
         assert resolve_speculative("default", target) is None

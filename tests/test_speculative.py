@@ -22,7 +22,7 @@ from dspark.runtime.loader import load_transformer
 from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams
 from dspark.schedule.policies import FixedLength, VerifyLengthPolicy
-from dspark.speculative import SpeculativeConfig
+from dspark.engine.config import SpeculativeConfig
 
 from test_generate import PROMPTS
 

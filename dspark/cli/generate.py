@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from dspark.generate import check_prompt, generate_plain
     from dspark.runtime.tokenizer import IncrementalDetokenizer
     from dspark.sampling import SamplingParams
-    from dspark.speculative import parse_speculative_arg, resolve_speculative
+    from dspark.engine.config import parse_speculative_arg, resolve_speculative
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, stop=args.stop)
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if spec is None:
         result = generate_plain(target, prompt_ids, params, on_tokens=stream, max_len=args.max_model_len)
     else:
-        from dspark.speculative import generate_speculative
+        from dspark.generate import generate_speculative
 
         result = generate_speculative(target, prompt_ids, params, spec, on_tokens=stream,
                                       max_len=args.max_model_len)

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dspark.engine.engine import EngineConfig
     from dspark.serve import ServeConfig, create_app, run_server
-    from dspark.speculative import parse_speculative_arg
+    from dspark.engine.config import parse_speculative_arg
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = parse_speculative_arg(args.speculative_config)

@@ -26,6 +26,8 @@ from dspark.errors import UserError
 from dspark.runtime.config import ModelConfig
 
 METHODS = ("dspark", "dflash", "eagle3", "mtp")
+#: what `--speculative-config` may name: the trained drafters and model-free n-gram lookup
+SPECULATIVE_METHODS = (*METHODS, "ngram")
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 # layer family (HF model_type) -> architecture prefix

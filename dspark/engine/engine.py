@@ -19,26 +19,13 @@ from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams
 from dspark.schedule.policies import make_policy
 
+from .config import EngineConfig, SpeculativeConfig, build_drafter
 from .runner import SpecRunner
 from .sequence import Sequence, SpecStats, Status
 
 
 class QueueFull(RuntimeError):
     """The waiting queue is at its configured bound; retry later."""
-
-
-@dataclass
-class EngineConfig:
-    max_num_seqs: int = 32
-    max_model_len: int = 2048
-    max_waiting: int = 1024
-    #: prompt tokens admitted per step (a long prompt alone is always admitted)
-    max_prefill_tokens: int = 2048
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_model_len", "max_waiting", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass
@@ -50,8 +37,6 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, target: Target, spec=None, config: EngineConfig | None = None, step_table=None) -> None:
-        from dspark.speculative import SpeculativeConfig, build_drafter
-
         self.target = target
         self.config = config or EngineConfig()
         self.spec: SpeculativeConfig | None = spec

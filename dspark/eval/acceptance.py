@@ -20,7 +20,7 @@ from pathlib import Path
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.errors import UserError
 from dspark.sampling import SamplingParams
-from dspark.speculative import SpeculativeConfig
+from dspark.engine.config import SpeculativeConfig
 
 
 @dataclass

@@ -210,7 +210,10 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 async def _generate(request: Request, state: ServerState,
                     parse: Callable[[dict, ModelContext], GenerationRequest], chat: bool):
-    req = parse(parse_json_body(await _read_body(request, state.config.max_request_bytes)), state.model)
+    raw = await _read_body(request, state.config.max_request_bytes)
+    # JSON parsing and tokenization off the event loop: a large prompt takes CPU time
+    # during which every other connection would otherwise wait
+    req = await asyncio.to_thread(lambda: parse(parse_json_body(raw), state.model))
     reply = Reply(chat=chat, model=req.model, include_usage=req.include_usage)
     stream = RequestStream(reply.id, req.prompt_ids, req.params, asyncio.get_running_loop())
     try:

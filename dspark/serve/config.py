@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.errors import UserError
 from dspark.runtime.default_model import DEFAULT_MODEL_NAME
-from dspark.speculative import SpeculativeConfig, resolve_speculative
+from dspark.engine.config import SpeculativeConfig, resolve_speculative
 
 log = logging.getLogger("dspark.serve")
 
@@ -20,7 +20,7 @@ class ServeConfig:
     dtype: str = "auto"
     device: str | None = None
     threads: int | None = None
-    #: a config, None for no speculation, or "default" (dspark.speculative.DEFAULT_SPECULATIVE)
+    #: a config, None for no speculation, or "default" (dspark.engine.config.DEFAULT_SPECULATIVE)
     speculative: SpeculativeConfig | str | None = "default"
     engine: EngineConfig = field(default_factory=EngineConfig)
     # HTTP

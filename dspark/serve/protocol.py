@@ -66,6 +66,21 @@ class ModelContext:
     tokenizer: Tokenizer
     max_model_len: int
     vocab_size: int
+    _max_token_chars: int | None = None
+
+    def check_text_length(self, chars: int, param: str) -> None:
+        """Refuse, without tokenizing, a prompt text too long to fit whatever its tokens:
+        tokenizing megabytes takes seconds of CPU that running requests need."""
+        if self._max_token_chars is None:
+            tok = self.tokenizer.tok
+            pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+            self._max_token_chars = max(1, max(len(tok.convert_tokens_to_string([p])) for p in pieces if p))
+        limit = self._max_token_chars * self.max_model_len
+        if chars > limit:
+            raise bad_request(
+                f"the prompt has {chars} characters, more than this model's maximum context length of "
+                f"{self.max_model_len} tokens can hold (at most {self._max_token_chars} characters per token); "
+                "shorten the prompt", param, "context_length_exceeded")
 
 
 @dataclass
@@ -244,6 +259,7 @@ def parse_chat(body: dict, ctx: ModelContext) -> GenerationRequest:
                               "messages")
         content = "" if m.get("content") is None and role == "assistant" else _message_text(m.get("content"), i)
         chat.append({"role": "system" if role == "developer" else role, "content": content})
+    ctx.check_text_length(sum(len(m["content"]) for m in chat), "messages")
     try:
         prompt_ids = ctx.tokenizer.apply_chat_template(chat)
     except Exception as e:  # the model's template rejects the conversation (e.g. role order)
@@ -258,6 +274,7 @@ def parse_completion(body: dict, ctx: ModelContext) -> GenerationRequest:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         # Like a raw Hugging Face call: special tokens (e.g. BOS) as the tokenizer adds them.
+        ctx.check_text_length(len(prompt), "prompt")
         prompt_ids = list(ctx.tokenizer.tok.encode(prompt, add_special_tokens=True))
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < ctx.vocab_size]

@@ -1,4 +1,11 @@
-"""Speculative-decoding configuration (vLLM's key names) and the one-prompt entry point.
+"""The engine's configuration, in one place: `EngineConfig` (batching and memory)
+and `SpeculativeConfig` (what `--speculative-config` carries, with vLLM's key names),
+the one meaning of a missing `--speculative-config`, and the drafter a config names.
+
+Method names belong to `dspark.drafters` (SPECULATIVE_METHODS), policy names to
+`dspark.schedule` (POLICY_NAMES); each default is stated once, here.
+
+Speculative-decoding configuration (vLLM's key names) and the one-prompt entry point.
 
 `SpeculativeConfig.from_dict` accepts what `--speculative-config` carries:
 `method` (dspark, dflash, eagle3, mtp, ngram), `model` (drafter checkpoint directory;
@@ -17,15 +24,29 @@ names a table fitted by `dspark calibrate-lookup`, default the shipped one).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from dspark.drafters.config import SPECULATIVE_METHODS
 from dspark.errors import UserError
+from dspark.schedule.policies import POLICY_NAMES
 
-METHODS = ("dspark", "dflash", "eagle3", "mtp", "ngram")
-POLICIES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 32
+    max_model_len: int = 2048
+    max_waiting: int = 1024
+    #: prompt tokens admitted per step (a long prompt alone is always admitted)
+    max_prefill_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len", "max_waiting", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+
 SHIPPED_DIR = Path(__file__).parent / "drafters" / "shipped"
 
 
@@ -52,13 +73,13 @@ class SpeculativeConfig:
     lookup_calibration: str | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise UserError(f"unknown speculative method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method not in SPECULATIVE_METHODS:
+            raise UserError(f"unknown speculative method {self.method!r}; choose one of {', '.join(SPECULATIVE_METHODS)}")
         n = self.num_speculative_tokens
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64):
             raise UserError(f"num_speculative_tokens must be an integer in 1..64, got {n!r}")
-        if self.verification_policy is not None and self.verification_policy not in POLICIES:
-            raise UserError(f"unknown verification_policy {self.verification_policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.verification_policy is not None and self.verification_policy not in POLICY_NAMES:
+            raise UserError(f"unknown verification_policy {self.verification_policy!r}; choose one of {', '.join(POLICY_NAMES)}")
         _check_non_negative_int("draft_probe_every", self.draft_probe_every)
         if self.markov_candidates is not None:
             _check_non_negative_int("markov_candidates", self.markov_candidates, " (0 = full vocabulary)")
@@ -142,37 +163,6 @@ def build_drafter(spec: SpeculativeConfig, target):
         calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
         drafter = HybridDrafter(drafter, calibration, spec.prompt_lookup_max, spec.prompt_lookup_min)
     return drafter
-
-
-def generate_speculative(
-    target,
-    prompt_ids: list[int],
-    params,
-    spec: SpeculativeConfig,
-    on_tokens: Callable[[list[int]], None] | None = None,
-    max_len: int = 4096,
-):
-    """One prompt through the engine with speculation; returns a GenerationResult
-    whose `stats` carry the acceptance statistics."""
-    from dspark.engine.engine import EngineConfig, LLMEngine
-    from dspark.generate import GenerationResult, check_prompt
-
-    check_prompt(target, prompt_ids, max_len)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=max_len))
-    t0 = time.perf_counter()
-    seq = engine.add_request(prompt_ids, params)
-    first = 0.0
-    while not seq.is_finished:
-        for out in engine.step():
-            if out.new_tokens:
-                if not first:
-                    first = time.perf_counter() - t0
-                if on_tokens:
-                    on_tokens(out.new_tokens)
-    elapsed = time.perf_counter() - t0
-    stats = {"method": spec.method, "policy": spec.policy, **seq.stats.as_dict()}
-    return GenerationResult(seq.output_ids, engine.final_text(seq), seq.finish_reason or "length",
-                            len(prompt_ids), elapsed, first, stats)
 
 
 def parse_speculative_arg(text: str | None) -> "SpeculativeConfig | str | None":
