@@ -308,10 +308,10 @@ def test_bad_survival_fails_loudly():
 def test_make_policy():
     table = StepTimeTable.synthetic()
     assert isinstance(make_policy("none"), NoSpeculation)
-    assert make_policy("fixed", gamma=3).choose(np.ones((2, 5))) == [3, 3]
+    assert make_policy("fixed", num_speculative_tokens=3).choose(np.ones((2, 5))) == [3, 3]
     assert make_policy("threshold", threshold=0.7).tau == 0.7
     assert isinstance(make_policy("dspark-sync", table=table), DSparkSync)
-    policy = make_policy("dspark-async", table=table, gamma=2, lag=3)
+    policy = make_policy("dspark-async", table=table, num_speculative_tokens=2, lag=3)
     assert isinstance(policy, DSparkAsync) and policy.lag == 3 and policy.warmup_length == 2
     assert set(POLICY_NAMES) == {"none", "fixed", "threshold", "dspark-sync", "dspark-async"}
     with pytest.raises(ScheduleError, match="unknown verification policy 'eagle'.*dspark-async"):
@@ -319,7 +319,7 @@ def test_make_policy():
     with pytest.raises(ScheduleError, match="step-time table"):
         make_policy("dspark-sync")
     with pytest.raises(ScheduleError, match="non-negative integer"):
-        make_policy("fixed", gamma=-1)
+        make_policy("fixed", num_speculative_tokens=-1)
     with pytest.raises(ScheduleError, match=r"\[0, 1\]"):
         make_policy("threshold", threshold=1.5)
     with pytest.raises(ScheduleError, match="lag must be"):

@@ -6,6 +6,8 @@ import argparse
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    from dspark.engine.config import EngineConfig  # light: no torch
+
     g = p.add_argument_group("model")
     g.add_argument("--model", default="default",
                    help="Hugging Face model directory (config.json + safetensors), or 'default' for the "
@@ -17,7 +19,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "what it picked)")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    g.add_argument("--max-model-len", type=int, default=2048,
+    g.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len,
                    help="maximum tokens per request, prompt + output (default: %(default)s)")
 
 

@@ -10,6 +10,10 @@ from .common import add_model_args, add_speculative_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # the defaults are the config dataclasses' own (stated once, there)
+    from dspark.engine.config import EngineConfig
+    from dspark.serve.config import ServeConfig
+
     p = sub.add_parser(
         "serve",
         help="serve the model over an OpenAI-compatible HTTP API with speculative decoding",
@@ -22,38 +26,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_speculative_arg(p)
     h = p.add_argument_group("HTTP")
-    h.add_argument("--host", default="127.0.0.1",
+    h.add_argument("--host", default=ServeConfig.host,
                    help="address to listen on; 0.0.0.0 for every interface (default: %(default)s)")
-    h.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    h.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port (default: %(default)s)")
     h.add_argument("--api-key", default=os.environ.get("DSPARK_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $DSPARK_API_KEY, else no key)")
-    h.add_argument("--max-request-bytes", type=int, default=4 * 2**20,
+    h.add_argument("--max-request-bytes", type=int, default=ServeConfig.max_request_bytes,
                    help="request bodies over this many bytes are refused with 413 (default: %(default)s = 4 MiB)")
     h.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model name(s) clients may send in \"model\", all listed by /v1/models; the first "
                         "labels the metrics (default: the model directory's name; SmolLM2-135M-Instruct "
                         "for the default model)")
     e = p.add_argument_group("scheduling")
-    e.add_argument("--max-num-seqs", type=int, default=32,
+    e.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs,
                    help="requests decoded together in one batch; each holds one KV slot of --max-model-len "
                         "tokens (default: %(default)s)")
-    e.add_argument("--max-waiting", type=int, default=1024,
+    e.add_argument("--max-waiting", type=int, default=EngineConfig.max_waiting,
                    help="requests that may wait for a batch slot; beyond it the server answers 429 "
                         "(default: %(default)s)")
-    e.add_argument("--max-prefill-tokens", type=int, default=2048,
+    e.add_argument("--max-prefill-tokens", type=int, default=EngineConfig.max_prefill_tokens,
                    help="prompt tokens admitted per step, so that long prompts do not stall running "
                         "requests (default: %(default)s)")
     o = p.add_argument_group("operations")
-    o.add_argument("--log-interval", type=float, default=10.0,
+    o.add_argument("--log-interval", type=float, default=ServeConfig.log_interval,
                    help="seconds between log lines with throughput, running/waiting requests and acceptance "
                         "since the previous line; 0 = off (default: %(default)s)")
-    o.add_argument("--shutdown-timeout", type=float, default=30.0,
+    o.add_argument("--shutdown-timeout", type=float, default=ServeConfig.shutdown_timeout,
                    help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: %(default)s)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dspark.engine.engine import EngineConfig
+    from dspark.engine.config import EngineConfig
     from dspark.serve import ServeConfig, create_app, run_server
     from dspark.engine.config import parse_speculative_arg
 

@@ -38,7 +38,7 @@ def propose_continuation(seq: torch.Tensor, num_tokens: int, max_ngram: int, min
 class NgramDrafter(Drafter):
     method = "ngram"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_draft_tokens: int = 16) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_draft_tokens: int = 7) -> None:
         super().__init__()
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")

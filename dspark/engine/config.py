@@ -3,7 +3,8 @@ and `SpeculativeConfig` (what `--speculative-config` carries, with vLLM's key na
 the one meaning of a missing `--speculative-config`, and the drafter a config names.
 
 Method names belong to `dspark.drafters` (SPECULATIVE_METHODS), policy names to
-`dspark.schedule` (POLICY_NAMES); each default is stated once, here.
+`dspark.schedule` (POLICY_NAMES); each default is stated once, here, and the CLI's
+flags take theirs from these dataclasses (importing this module loads no torch).
 
 Speculative-decoding configuration (vLLM's key names) and the one-prompt entry point.
 
@@ -27,9 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from dspark.drafters.config import SPECULATIVE_METHODS
 from dspark.errors import UserError
-from dspark.schedule.policies import POLICY_NAMES
 
 
 @dataclass
@@ -73,6 +72,11 @@ class SpeculativeConfig:
     lookup_calibration: str | None = None
 
     def __post_init__(self) -> None:
+        # the names are drafters' and schedule's (imported here: this module stays
+        # light, so that the CLI can read its defaults without loading torch)
+        from dspark.drafters.config import SPECULATIVE_METHODS
+        from dspark.schedule.policies import POLICY_NAMES
+
         if self.method not in SPECULATIVE_METHODS:
             raise UserError(f"unknown speculative method {self.method!r}; choose one of {', '.join(SPECULATIVE_METHODS)}")
         n = self.num_speculative_tokens
@@ -143,9 +147,9 @@ def build_drafter(spec: SpeculativeConfig, target):
     from dspark.drafters import create_drafter, load_drafter
 
     if spec.method == "ngram":
+        sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
-                              min_ngram=spec.prompt_lookup_min,
-                              max_draft_tokens=spec.num_speculative_tokens or 7)
+                              min_ngram=spec.prompt_lookup_min, **sizes)
     from dspark.runtime.model import pack_cpu_bf16_linears
 
     path = spec.drafter_path(target.name)

@@ -45,17 +45,20 @@ class LLMEngine:
         if spec is not None and (spec.policy != "none"):
             drafter = build_drafter(spec, target)
             drafter.reserve(self.config.max_num_seqs, self.config.max_model_len + 1)
-        gamma = (spec.num_speculative_tokens or drafter.max_draft_tokens) if drafter else 0
-        policy_name = spec.policy if drafter else "none"
-        if policy_name in ("dspark-sync", "dspark-async") and step_table is None:
-            from .profiling import load_or_profile
+        # the one place the verification length is settled: as asked, at most what the drafter drafts
+        n = min(spec.num_speculative_tokens or drafter.max_draft_tokens, drafter.max_draft_tokens) \
+            if drafter else 0
+        if drafter is None:
+            policy = make_policy("none")
+        else:
+            if spec.policy in ("dspark-sync", "dspark-async") and step_table is None:
+                from .profiling import load_or_profile
 
-            step_table = load_or_profile(target, drafter, self.config.max_num_seqs, gamma)
-        policy = make_policy(policy_name, table=step_table, gamma=gamma,
-                             threshold=spec.confidence_threshold if spec else 0.5,
-                             lag=spec.async_lag if spec else 2,
-                             probe_every=spec.draft_probe_every if spec else 8)
-        self.runner = SpecRunner(target.model, cache, drafter, policy, gamma)
+                step_table = load_or_profile(target, drafter, self.config.max_num_seqs, n)
+            policy = make_policy(spec.policy, table=step_table, num_speculative_tokens=n,
+                                 threshold=spec.confidence_threshold, lag=spec.async_lag,
+                                 probe_every=spec.draft_probe_every)
+        self.runner = SpecRunner(target.model, cache, drafter, policy, n)
         self.policy = policy
         self.step_table = step_table
         self.step_watch = None

@@ -45,7 +45,7 @@ class SpecRunner:
         self.cache = cache
         self.drafter = drafter
         self.policy = policy
-        self.num_spec = min(num_speculative_tokens, drafter.max_draft_tokens) if drafter else 0
+        self.num_speculative_tokens = min(num_speculative_tokens, drafter.max_draft_tokens) if drafter else 0
         self.hidden_layers = list(drafter.target_layer_ids) if drafter else []
         self.device = model.device
         #: the shape of the last step's work: tokens in its target forward, requests drafted for
@@ -91,7 +91,8 @@ class SpecRunner:
     def _verify_lengths(self, decodes: list[Sequence]) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
         none = [0] * len(decodes), None, None
         self._confidence = None
-        if not decodes or self.num_spec == 0 or not self.policy.should_draft(len(decodes), self.num_spec):
+        n = self.num_speculative_tokens
+        if not decodes or n == 0 or not self.policy.should_draft(len(decodes), n):
             return none
         rows = [i for i, s in enumerate(decodes) if s.request_id not in self.undrafted]
         if not rows:
@@ -100,7 +101,7 @@ class SpecRunner:
             out = self.drafter.draft(
                 [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
                               decodes[i].generator) for i in rows],
-                self.num_spec,
+                n,
             )
         except Exception:
             self._fault("draft")

@@ -320,15 +320,15 @@ class DSparkAsync(VerifyLengthPolicy):
 def make_policy(
     name: str,
     table: StepTimeTable | None = None,
-    gamma: int | None = None,
+    num_speculative_tokens: int | None = None,
     threshold: float = 0.5,
     lag: int = 2,
     probe_every: int = 8,
 ) -> VerifyLengthPolicy:
     """The policy called `name` (one of POLICY_NAMES).
 
-    gamma: the fixed length for `fixed` and the warm-up length for `dspark-async`
-    (None: every drafted token). threshold: the survival threshold of `threshold`.
+    num_speculative_tokens: the fixed length for `fixed` and the warm-up length for
+    `dspark-async` (None: every drafted token). threshold: the survival threshold of `threshold`.
     lag: how many steps old the survivals behind `dspark-async`'s budget are.
     probe_every: `dspark-async` skips the drafter while it does not pay and drafts
     every probe_every-th such step anyway (0: never skip).
@@ -337,11 +337,11 @@ def make_policy(
     if name == "none":
         return NoSpeculation()
     if name == "fixed":
-        return FixedLength(gamma)
+        return FixedLength(num_speculative_tokens)
     if name == "threshold":
         return ConfidenceThreshold(threshold)
     if name == "dspark-sync":
         return DSparkSync(_check_table(table, name))
     if name == "dspark-async":
-        return DSparkAsync(_check_table(table, name), lag=lag, warmup_length=gamma, probe_every=probe_every)
+        return DSparkAsync(_check_table(table, name), lag=lag, warmup_length=num_speculative_tokens, probe_every=probe_every)
     raise ScheduleError(f"unknown verification policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")

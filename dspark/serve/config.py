@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.config import EngineConfig, SpeculativeConfig, resolve_speculative
 from dspark.errors import UserError
 from dspark.runtime.default_model import DEFAULT_MODEL_NAME
-from dspark.engine.config import SpeculativeConfig, resolve_speculative
 
 log = logging.getLogger("dspark.serve")
 
@@ -60,9 +59,10 @@ def default_served_name(model: str | None) -> str:
     return Path(model).name or str(model)
 
 
-def build_engine(config: ServeConfig, on_phase=lambda phase: None) -> LLMEngine:
+def build_engine(config: ServeConfig, on_phase=lambda phase: None):
     """The engine `config` describes; `on_phase("loading")` before the model loads,
     `on_phase("profiling")` before the drafter loads and the step times are measured."""
+    from dspark.engine.engine import LLMEngine
     from dspark.runtime.target import Target
 
     on_phase("loading")
