@@ -46,7 +46,7 @@ class EngineConfig:
 
 
 
-SHIPPED_DIR = Path(__file__).parent / "drafters" / "shipped"
+SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 
 
 #: what a missing --speculative-config means in every command: the DSpark drafter
