@@ -16,7 +16,7 @@ import torch
 from dspark.data import DataError, MissingDataPackage, load_prompts, parse_mix, select_prompts
 from dspark.data import prompts as prompts_mod
 from dspark.data import sources
-from dspark.data.batch_decode import BatchDecoder, DecodeRequest
+from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.data.prompts import Prompt, looks_like_code, normalize
 from dspark.data.records import read_records
 from dspark.data.regenerate import LocalBackend, RegenConfig, regenerate
@@ -153,9 +153,10 @@ PROMPTS = ["What is 12 times 7?", "Write a haiku about the sea.", "def fib(n):",
 
 
 def _decode(target, params: list[SamplingParams], batch_size: int) -> dict[str, list[int]]:
-    reqs = [DecodeRequest(str(i), target.tokenizer.chat_prompt(PROMPTS[i % len(PROMPTS)]), p)
-            for i, p in enumerate(params)]
-    return {o.key: o.token_ids for o in BatchDecoder(target, batch_size, max_len=512).run(reqs)}
+    """Bulk decoding as response regeneration does it: the engine without speculation."""
+    reqs = [(str(i), target.tokenizer.chat_prompt(PROMPTS[i % len(PROMPTS)]), p) for i, p in enumerate(params)]
+    engine = LLMEngine(target, None, EngineConfig(max_num_seqs=batch_size, max_model_len=512))
+    return {seq.request_id: seq.output_ids for seq in engine.run(reqs)}
 
 
 def _plain(target, params: list[SamplingParams]) -> dict[str, list[int]]:
@@ -165,7 +166,7 @@ def _plain(target, params: list[SamplingParams]) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_batch_decoder_equals_generate_plain_tiny(tiny_target, temperature):
+def test_bulk_decoding_equals_generate_plain_tiny(tiny_target, temperature):
     # Different lengths make requests leave early and new ones take their slots.
     params = [SamplingParams(temperature=temperature, top_p=0.8, top_k=20, max_tokens=2 + 3 * (i % 4),
                              seed=10 + i) for i in range(7)]
@@ -174,14 +175,15 @@ def test_batch_decoder_equals_generate_plain_tiny(tiny_target, temperature):
         assert _decode(tiny_target, params, batch_size) == ref
 
 
-def test_batch_decoder_stops_on_a_stop_token(tiny_target):
+def test_bulk_decoding_stops_on_a_stop_token(tiny_target):
     ids = tiny_target.tokenizer.chat_prompt(PROMPTS[0])
     sampled = generate_plain(tiny_target, ids, SamplingParams(temperature=1.0, max_tokens=8, seed=1),
                              max_len=512).token_ids
     k = next(i for i in range(1, len(sampled)) if sampled[i] not in sampled[:i])
     p = SamplingParams(temperature=1.0, max_tokens=10, seed=1, stop_token_ids=[sampled[k]])
-    (out,) = BatchDecoder(tiny_target, 2, 512).run([DecodeRequest("a", ids, p)])
-    assert (out.token_ids, out.finish_reason, out.stop_token_id) == (sampled[:k], "stop", sampled[k])
+    engine = LLMEngine(tiny_target, None, EngineConfig(max_num_seqs=2, max_model_len=512))
+    (out,) = engine.run([("a", ids, p)])
+    assert (out.output_ids, out.finish_reason, out.stop_token_id) == (sampled[:k], "stop", sampled[k])
 
 
 # Exact equality is checked in fp32. In bf16 a batched matmul can round a value one

@@ -4,7 +4,7 @@
 file (format in `records.py`), skipping ids the file already holds, so an
 interrupted run is resumed by running it again. Two backends:
 
-- `LocalBackend`: our runtime, `BatchDecoder` over a static batch of KV slots;
+- `LocalBackend`: our runtime, the engine without speculation (continuous batching);
 - `ServerBackend`: any OpenAI-compatible server, a few requests in flight at once.
 
 Every prompt samples with its own seed, derived from the run seed and the prompt id
@@ -25,7 +25,6 @@ from typing import Protocol
 from ..runtime.target import Target
 from ..runtime.tokenizer import Tokenizer
 from ..sampling import SamplingParams
-from .batch_decode import BatchDecoder, DecodeRequest
 from .chat_client import ChatClient
 from .prompts import Prompt
 from .records import RecordWriter, existing_ids, make_record
@@ -104,18 +103,21 @@ class LocalBackend:
         if config.max_prompt_tokens >= self.max_len:
             raise DataError(f"max prompt tokens ({config.max_prompt_tokens}) must be below the maximum "
                             f"model length ({self.max_len}); lower one or raise the other")
+        from ..engine.engine import EngineConfig, LLMEngine
+
         # KV slots only as long as a request can grow: less memory to zero and hold.
-        decoder = BatchDecoder(self.target, self.batch_size,
-                               min(self.max_len, config.max_prompt_tokens + config.max_tokens))
+        engine = LLMEngine(self.target, None, EngineConfig(
+            max_num_seqs=self.batch_size, max_model_len=min(self.max_len, config.max_prompt_tokens + config.max_tokens)))
         pending: dict[str, Work] = {}
 
-        def requests() -> Iterator[DecodeRequest]:
+        def requests() -> Iterator[tuple[str, list[int], SamplingParams]]:
             for w in work:
                 pending[w.prompt.id] = w
-                yield DecodeRequest(w.prompt.id, w.prompt_token_ids, config.params(w.seed))
+                yield w.prompt.id, w.prompt_token_ids, config.params(w.seed)
 
-        for out in decoder.run(requests()):
-            yield Reply(pending.pop(out.key), out.token_ids, out.text, out.finish_reason, out.stop_token_id)
+        for seq in engine.run(requests()):
+            yield Reply(pending.pop(seq.request_id), seq.output_ids, engine.final_text(seq),
+                        seq.finish_reason or "length", seq.stop_token_id)
 
 
 class ServerBackend:

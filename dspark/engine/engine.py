@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from dspark.errors import UserError
@@ -154,6 +155,7 @@ class LLMEngine:
         new: list[int] = []
         for t in tokens:
             if t in stop_ids:
+                seq.stop_token_id = t
                 self._finish(seq, "stop")
                 break
             new.append(t)
@@ -196,6 +198,26 @@ class LLMEngine:
                 seqs.append(self.add_request(*pending.pop()))
             self.step()
         return seqs
+
+    def run(self, requests: Iterable[tuple[object, list[int], SamplingParams]]) -> Iterator[Sequence]:
+        """Decode (request_id, prompt_ids, params) triples read lazily from `requests`,
+        admitted as batch slots free up; yields each Sequence as it finishes (bulk
+        generation: any number of requests, memory for `max_num_seqs` of them)."""
+        pending = iter(requests)
+        exhausted = False
+        while True:
+            while not exhausted and len(self.waiting) + len(self.running) < self.config.max_num_seqs:
+                item = next(pending, None)
+                if item is None:
+                    exhausted = True
+                    break
+                rid, prompt_ids, params = item
+                self.add_request(prompt_ids, params, request_id=rid)
+            if not self.has_unfinished():
+                return
+            for out in self.step():
+                if out.finished:
+                    yield out.seq
 
     def total_stats(self) -> SpecStats:
         total = SpecStats()

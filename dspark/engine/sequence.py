@@ -83,6 +83,7 @@ class Sequence:
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_token_id: int | None = None  # the token that ended it (not in output_ids), if a token did
     error: str | None = None
     slot: int = -1
     #: the last emitted token; not yet in the target KV cache (it is the next anchor)
