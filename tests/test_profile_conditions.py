@@ -11,8 +11,9 @@ import sys
 import pytest
 import torch
 
-from dspark.engine import profiling
-from dspark.runtime import profiler
+from dspark.profiling import measure as profiler
+from dspark.profiling import tables as profiling
+from dspark.profiling.watch import StepWatch
 from dspark.schedule.step_time import StepTimeTable
 
 
@@ -93,7 +94,7 @@ def test_step_watch_falls_back_to_fewer_threads_and_returns(monkeypatch, capsys)
     torch.set_num_threads(2)
     try:
         table = StepTimeTable.synthetic(base_ms=10, knee=16, per_token_ms=0.5, max_tokens=256)
-        watch = profiling.StepWatch(table, window=4, factor=3.0, recheck=3)
+        watch = StepWatch(table, window=4, factor=3.0, recheck=3)
         busy = {"now": 1.0}
         monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: busy["now"])
         monkeypatch.setattr(profiler, "usable_cpus", lambda: 2)
@@ -116,7 +117,7 @@ def test_step_watch_falls_back_to_fewer_threads_and_returns(monkeypatch, capsys)
 def test_step_watch_rescales_a_table_that_drifted(monkeypatch, capsys):
     table = StepTimeTable.synthetic(base_ms=10, knee=16, per_token_ms=0.5, max_tokens=256)
     before = [table.target_time(n) for n in (1, 8, 64)]
-    watch = profiling.StepWatch(table, window=10**9)  # the thread fallback out of the way
+    watch = StepWatch(table, window=10**9)  # the thread fallback out of the way
     monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: 0.0)
     for _ in range(watch.DRIFT_WINDOW):
         watch.record(8, 0, 1.3 * table.step_time(8, 0))  # within the bound: kept

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dspark.engine.profiling import profile_target
+    from dspark.profiling.tables import profile_target
 
     target = load_target(args)
     table, path, cached = profile_target(target, args.max_tokens, args.context_len, args.tokens_per_request,
@@ -41,10 +41,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(table.to_json())
         return 0
+    png = (args.out or path).with_suffix(".png")
+    plot_table(table, png)
     if cached:
-        print(f"reused cached {path}")
+        print(f"reused cached {path}; plot in {png}")
     elif (table.conditions or {}).get("cached", True):
-        print(f"wrote {path} and {path.with_suffix('.png')}")
+        print(f"wrote {path} and {png}")
     else:
         print("measured on a busy machine: not cached" + (f" (written to {path} as asked)" if args.out else ""))
     for n in (1, 8, 16, 64, 128, 256, 512):
@@ -52,3 +54,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {n:4d} tokens: {table.target_time(n) * 1000:7.1f} ms")
     return 0
 
+
+def plot_table(table, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(table.token_counts, table.raw_ms, "o", ms=3, alpha=0.6, label="measured median")
+    ax.plot(table.token_counts, table.step_ms, "-", label="monotone (used by the scheduler)")
+    ax.set_xlabel("tokens in one forward")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"{table.model} {table.dtype} on {table.device}, context {table.context_len}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)

@@ -53,7 +53,7 @@ class LLMEngine:
             policy = make_policy("none")
         else:
             if spec.policy in ("dspark-sync", "dspark-async") and step_table is None:
-                from .profiling import load_or_profile
+                from dspark.profiling.tables import load_or_profile
 
                 step_table = load_or_profile(target, drafter, self.config.max_num_seqs, n)
             policy = make_policy(spec.policy, table=step_table, num_speculative_tokens=n,
@@ -64,7 +64,7 @@ class LLMEngine:
         self.step_table = step_table
         self.step_watch = None
         if step_table is not None and target.device.type == "cpu":
-            from .profiling import StepWatch
+            from dspark.profiling.watch import StepWatch
 
             self.step_watch = StepWatch(step_table)
         self.waiting: deque[Sequence] = deque()

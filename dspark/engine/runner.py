@@ -139,8 +139,24 @@ class SpecRunner:
 
     @torch.inference_mode()
     def step(self, prefills: list[Sequence], decodes: list[Sequence]) -> dict[object, list[int]]:
-        """Advance every sequence by one round; returns request_id -> emitted tokens."""
+        """Advance every sequence by one round; returns request_id -> emitted tokens.
+        The phases: draft and choose lengths, prepare the flat batch, one target
+        forward, verify, commit (cache, sequences, drafter context)."""
         lengths, draft_tokens, draft_logits = self._verify_lengths(decodes)
+        prepared = self._prepare(prefills, decodes, lengths, draft_tokens)
+        if prepared is None:
+            return {}
+        batch, tokens = prepared
+        logits, hidden = self.model(batch, self.cache, self.hidden_layers)
+        seqs = decodes + prefills
+        result = self._verify(logits, seqs, lengths + [0] * len(prefills), draft_tokens, draft_logits)
+        self._observe(decodes, lengths, result.num_accepted[: len(decodes)])
+        return self._commit(seqs, len(decodes), tokens, lengths, batch, result, hidden)
+
+    def _prepare(self, prefills: list[Sequence], decodes: list[Sequence], lengths: list[int],
+                 draft_tokens: torch.Tensor | None) -> tuple[FlatBatch, list[list[int]]] | None:
+        """The flat batch of one forward: each decode's anchor and the drafts it
+        verifies (all of their logits), each prefill's prompt (its last logits)."""
         tokens: list[list[int]] = []
         starts: list[int] = []
         slots: list[int] = []
@@ -148,8 +164,7 @@ class SpecRunner:
         row = 0
         drafted = draft_tokens.tolist() if draft_tokens is not None else None
         for i, (s, L) in enumerate(zip(decodes, lengths)):
-            toks = [s.anchor] + (drafted[i][:L] if L else [])
-            tokens.append(toks)
+            tokens.append([s.anchor] + (drafted[i][:L] if L else []))
             starts.append(s.num_cached)
             slots.append(s.slot)
             logit_rows.extend(range(row, row + L + 1))
@@ -161,17 +176,18 @@ class SpecRunner:
             row += len(s.prompt_ids)
             logit_rows.append(row - 1)
         if not tokens:
-            return {}
+            return None
         self.last_forward_tokens = row
         self.last_drafted_requests = len(decodes) if draft_tokens is not None else 0
         batch = FlatBatch.from_requests(tokens, starts, slots, logits="none", device=self.device)
         batch.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        logits, hidden = self.model(batch, self.cache, self.hidden_layers)
+        return batch, tokens
 
-        seqs = decodes + prefills
-        all_lengths = lengths + [0] * len(prefills)
+    def _verify(self, logits: torch.Tensor, seqs: list[Sequence], lengths: list[int],
+                draft_tokens: torch.Tensor | None, draft_logits: torch.Tensor | None):
+        """Lossless rejection sampling of every sequence's verified drafts."""
         cu = [0]
-        for L in all_lengths:
+        for L in lengths:
             cu.append(cu[-1] + L)
         if cu[-1]:
             rows = [i for i, L in enumerate(lengths) for _ in range(L)]
@@ -181,29 +197,36 @@ class SpecRunner:
         else:
             d_tok = torch.zeros(0, dtype=torch.long)
             d_log = None
-        result = rejection_sample(logits, d_tok.to(self.device), None if d_log is None else d_log.to(self.device),
-                                  cu, [s.params for s in seqs], [s.generator for s in seqs])
+        return rejection_sample(logits, d_tok.to(self.device), None if d_log is None else d_log.to(self.device),
+                                cu, [s.params for s in seqs], [s.generator for s in seqs])
 
-        if self.drafter is not None and any(lengths):
-            try:
-                self.drafter.record_verification([s.request_id for s in decodes], lengths,
-                                                 result.num_accepted[: len(decodes)])
-            except Exception:
-                self._fault("record_verification")
-            if self._confidence is not None:
-                self.calibration.observe(self._confidence, lengths, result.num_accepted[: len(decodes)])
+    def _observe(self, decodes: list[Sequence], lengths: list[int], accepted: list[int]) -> None:
+        """The round's outcome to the drafter (online learning) and the calibration watch."""
+        if self.drafter is None or not any(lengths):
+            return
+        try:
+            self.drafter.record_verification([s.request_id for s in decodes], lengths, accepted)
+        except Exception:
+            self._fault("record_verification")
+        if self._confidence is not None:
+            self.calibration.observe(self._confidence, lengths, accepted)
+
+    def _commit(self, seqs: list[Sequence], num_decodes: int, tokens: list[list[int]], lengths: list[int],
+                batch: FlatBatch, result, hidden: torch.Tensor | None) -> dict[object, list[int]]:
+        """Keep what was accepted: the cache rolled back past it, the sequences
+        advanced, the drafter fed the accepted tokens' hidden states."""
         emitted: dict[object, list[int]] = {}
         ctx_ids, ctx_tokens, ctx_starts, ctx_rows = [], [], [], []
         for i, s in enumerate(seqs):
             a = result.num_accepted[i]
             out = result.output_tokens[i]
             first = batch.cu_seqlens[i]
-            if i < len(decodes):
+            if i < num_decodes:
                 kept = tokens[i][: a + 1]  # anchor + accepted drafts now have target states
                 self.cache.truncate(s.slot, s.num_cached + a + 1)
                 ctx_starts.append(s.num_cached)
                 s.num_cached += a + 1
-                s.stats.record(all_lengths[i], a)
+                s.stats.record(lengths[i], a)
             else:
                 kept = tokens[i]
                 ctx_starts.append(0)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .batch import FlatBatch
-from .target import Target
+from dspark.runtime.batch import FlatBatch
+from dspark.runtime.target import Target
 
 
 def default_token_counts(max_tokens: int = 512) -> list[int]:
@@ -42,7 +42,7 @@ def machine_id() -> str:
                 break
     except OSError:
         pass
-    from .cpu_kernels import cpu_flags
+    from dspark.runtime.cpu_kernels import cpu_flags
 
     # CPUs of one model name come with and without avx512 (cloud EPYCs): the ISA counts
     isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in cpu_flags()][:1]
@@ -133,7 +133,7 @@ def measure_step_times(
 
 
 def profile_dir() -> Path:
-    from .default_model import cache_root
+    from dspark.runtime.default_model import cache_root
 
     return cache_root() / "profiles"
 
