@@ -12,7 +12,7 @@ import torch
 from .runtime.batch import FlatBatch
 from .runtime.kv_cache import ContextTooLong
 from .runtime.target import Target
-from .sampling import SamplingParams, logits_to_probs, sample_from_probs
+from .sampling import SamplingParams, StopRule, sample_rows
 
 
 @dataclass
@@ -30,33 +30,6 @@ class GenerationResult:
         decode = self.elapsed_s - self.first_token_s
         n = len(self.token_ids) - 1
         return n / decode if n > 0 and decode > 0 else float("nan")
-
-
-class StopChecker:
-    """Stop tokens and stop strings. A matched stop string is cut from the text."""
-
-    def __init__(self, target: Target, params: SamplingParams) -> None:
-        self.stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            self.stop_ids.update(target.tokenizer.eos_token_ids)
-        self.stop_strings = [s for s in params.stop if s]
-        self.tokenizer = target.tokenizer
-
-    def cut(self, ids: list[int]) -> tuple[list[int], bool]:
-        """Truncate `ids` at the first stop token; returns (ids, stopped)."""
-        for i, t in enumerate(ids):
-            if t in self.stop_ids:
-                return ids[:i], True
-        if self.stop_strings:
-            text = self.tokenizer.decode(ids)
-            if any(s in text for s in self.stop_strings):
-                return ids, True
-        return ids, False
-
-    def final_text(self, ids: list[int]) -> str:
-        text = self.tokenizer.decode(ids)
-        cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
-        return text[:cut] if cut >= 0 else text
 
 
 def check_prompt(target: Target, prompt_ids: list[int], max_len: int) -> None:
@@ -83,7 +56,7 @@ def generate_plain(
     slot = cache.allocate(0)
     gen = torch.Generator(device=target.device)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-    stopper = StopChecker(target, params)
+    rule = StopRule(params, target.tokenizer.eos_token_ids)
     budget = min(params.max_tokens, max_len - len(prompt_ids))
     out: list[int] = []
     feed, pos = prompt_ids, 0
@@ -93,23 +66,22 @@ def generate_plain(
         batch = FlatBatch.from_requests([feed], [pos], [slot], device=target.device)
         logits, _ = target.model(batch, cache)
         pos += len(feed)
-        if params.greedy:
-            tok = int(logits[0].argmax())
-        else:
-            probs = logits_to_probs(logits[0], params.temperature, params.top_k, params.top_p)
-            tok = sample_from_probs(probs, gen)
+        tok = int(sample_rows(logits[:1], [params], [gen])[0])
         if not out:
             first_token_s = time.perf_counter() - t0
-        kept, stopped = stopper.cut([tok])
-        out.extend(kept)
-        if kept and on_tokens:
-            on_tokens(kept)
-        if stopped or (stopper.stop_strings and stopper.cut(out)[1]):
+        if rule.stop_token(tok):
+            finish = "stop"
+            break
+        out.append(tok)
+        if on_tokens:
+            on_tokens([tok])
+        if rule.stop_strings and rule.hit_string(target.tokenizer.decode(out)):
             finish = "stop"
             break
         feed = [tok]
     elapsed = time.perf_counter() - t0
-    return GenerationResult(out, stopper.final_text(out), finish, len(prompt_ids), elapsed, first_token_s)
+    text = rule.cut_text(target.tokenizer.decode(out))
+    return GenerationResult(out, text, finish, len(prompt_ids), elapsed, first_token_s)
 
 
 def generate_speculative(

@@ -89,3 +89,54 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) ->
     cdf = probs.double().cumsum(0)
     idx = int(torch.searchsorted(cdf, u * cdf[-1], right=True).item())
     return min(idx, probs.shape[0] - 1)
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
+                generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `logits` [R, vocab], per row's params: the argmax when
+    greedy, else `logits_to_probs` (the transform the verifier applies to the same
+    logits) and one float64 uniform from the row's own generator, so a row's draw
+    does not depend on the other rows of the batch. The one sampler of the engine's
+    drafters and of the plain reference loop. Returns [R] int64."""
+    out = logits.argmax(dim=-1)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return out
+    dev = logits.device
+    rows = torch.tensor(sampled, device=dev)
+    ps = [params[i] for i in sampled]
+    probs = logits_to_probs(
+        logits.index_select(0, rows),
+        torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
+        torch.tensor([p.top_k for p in ps], dtype=torch.long, device=dev),
+        torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
+    )
+    for row, i in enumerate(sampled):
+        gen = generators[i]
+        # The uniform is drawn on the generator's device (a CPU generator with CUDA logits).
+        row_probs = probs[row] if gen is None or gen.device == dev else probs[row].to(gen.device)
+        out[i] = sample_from_probs(row_probs, gen)
+    return out
+
+
+class StopRule:
+    """When a request stops, decided in one place for every loop: at the first stop
+    token (EOS unless `ignore_eos`, and `stop_token_ids`; the token is not part of
+    the output), or once the text contains a stop string (the text is cut before it)."""
+
+    def __init__(self, params: SamplingParams, eos_token_ids) -> None:
+        self.stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            self.stop_ids.update(eos_token_ids)
+        self.stop_strings = [s for s in params.stop if s]
+
+    def stop_token(self, token: int) -> bool:
+        return token in self.stop_ids
+
+    def hit_string(self, text: str) -> bool:
+        return any(s in text for s in self.stop_strings)
+
+    def cut_text(self, text: str) -> str:
+        """`text` up to the first stop string it contains."""
+        cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
+        return text[:cut] if cut >= 0 else text

@@ -21,7 +21,7 @@ from dspark.sampling import SamplingParams
 from dspark.serve import ServeConfig, ServerThread, create_app
 from dspark.serve.metrics import LogWindow, stats_delta
 from dspark.serve.prometheus import Counter, Histogram, render
-from dspark.serve.text import OutputText
+from dspark.runtime.tokenizer import IncrementalDetokenizer
 from dspark.engine.config import SpeculativeConfig
 
 KEY = "test-key"
@@ -448,10 +448,10 @@ def test_serve_command_shuts_down_gracefully_on_sigterm():
 def test_output_text_holds_back_a_possible_stop_string(default_target_fp32):
     tok = default_target_fp32.tokenizer
     ids = tok.encode(" Paris is the capital. Rome is")
-    text = OutputText(tok, ["capital."])
+    text = IncrementalDetokenizer(tok, ["capital."])
     shown = "".join(text.push([t], finished=False) for t in ids)
     assert shown == " Paris is the " and text.hit_stop and text.text == " Paris is the "
-    plain = OutputText(tok, [])
+    plain = IncrementalDetokenizer(tok, [])
     assert "".join(plain.push([t], finished=i == len(ids) - 1) for i, t in enumerate(ids)) == tok.decode(ids)
 
 

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids = target.tokenizer.chat_prompt(args.prompt)
     check_prompt(target, prompt_ids, args.max_model_len)
 
-    detok = IncrementalDetokenizer(target.tokenizer)
+    detok = IncrementalDetokenizer(target.tokenizer, args.stop)
 
     def stream(ids: list[int]) -> None:
         if not args.json:
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out))
     else:
-        print()
+        print(detok.push([], finished=True))  # what was held back (a possible stop string's start)
         ms = 1000 / result.tokens_per_s if result.tokens_per_s == result.tokens_per_s else float("nan")
         line = (f"[{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tok/s "
                 f"({ms:.1f} ms/token), first token {result.first_token_s * 1000:.0f} ms, "

@@ -34,12 +34,11 @@ from torch import nn
 
 from dspark.runtime.model import RMSNorm
 
-from .base import DraftOutput, DraftRequest
+from .base import DraftOutput, DraftRequest, choose_tokens
 from .config import DrafterConfig
 from .kv_drafter import KVDrafter
 from .layers import DrafterLayer, attention_mask, gather_past
 from .target_parts import TargetParts
-from .token_choice import choose_tokens
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -108,3 +108,11 @@ class Drafter(torch.nn.Module):
         """Propose `num_tokens` (1..max_draft_tokens) tokens for every request; each
         request's `anchor_position` must equal its context length."""
         raise NotImplementedError
+
+
+def choose_tokens(logits: torch.Tensor, requests: list[DraftRequest]) -> torch.Tensor:
+    """One drafted token per request from its logits [R, vocab], by its sampling
+    params and its own generator (`dspark.sampling.sample_rows`, the one sampler)."""
+    from dspark.sampling import sample_rows
+
+    return sample_rows(logits, [r.params for r in requests], [r.generator for r in requests])

@@ -33,13 +33,12 @@ from torch import nn
 
 from dspark.runtime.model import RMSNorm
 
-from .base import DraftOutput, DraftRequest
+from .base import DraftOutput, DraftRequest, choose_tokens
 from .config import DrafterConfig
 from .heads import ConfidenceHead, MarkovHead
 from .kv_drafter import KVDrafter
 from .layers import DrafterLayer, attention_mask, gather_past
 from .target_parts import TargetParts
-from .token_choice import choose_tokens
 
 
 class DSparkDrafter(KVDrafter):

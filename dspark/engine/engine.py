@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dspark.errors import UserError
 from dspark.runtime.kv_cache import ContextTooLong
 from dspark.runtime.target import Target
-from dspark.sampling import SamplingParams
+from dspark.sampling import SamplingParams, StopRule
 from dspark.schedule.policies import make_policy
 
 from .config import EngineConfig, SpeculativeConfig, build_drafter
@@ -148,25 +148,24 @@ class LLMEngine:
         return outputs
 
     def _append(self, seq: Sequence, tokens: list[int]) -> list[int]:
-        p = seq.params
-        stop_ids = set(p.stop_token_ids)
-        if not p.ignore_eos:
-            stop_ids.update(self.target.tokenizer.eos_token_ids)
+        rule = seq.stop_rule
+        if rule is None:
+            rule = seq.stop_rule = StopRule(seq.params, self.target.tokenizer.eos_token_ids)
         new: list[int] = []
         for t in tokens:
-            if t in stop_ids:
+            if rule.stop_token(t):
                 seq.stop_token_id = t
                 self._finish(seq, "stop")
                 break
             new.append(t)
             seq.output_ids.append(t)
-            if len(seq.output_ids) >= p.max_tokens:
+            if len(seq.output_ids) >= seq.params.max_tokens:
                 self._finish(seq, "length")
                 break
             if seq.num_tokens >= self.config.max_model_len:
                 self._finish(seq, "length")
                 break
-        if not seq.is_finished and p.stop and any(s in self.final_text(seq, cut=False) for s in p.stop):
+        if not seq.is_finished and rule.stop_strings and rule.hit_string(self.target.tokenizer.decode(seq.output_ids)):
             self._finish(seq, "stop")
         return new
 
@@ -179,13 +178,10 @@ class LLMEngine:
         self.stats.merge(seq.stats)
         self.num_finished += 1
 
-    def final_text(self, seq: Sequence, cut: bool = True) -> str:
+    def final_text(self, seq: Sequence) -> str:
+        """The request's text, cut before its first stop string."""
         text = self.target.tokenizer.decode(seq.output_ids)
-        if cut and seq.params.stop:
-            hits = [text.find(s) for s in seq.params.stop if s and s in text]
-            if hits:
-                text = text[: min(hits)]
-        return text
+        return StopRule(seq.params, ()).cut_text(text) if seq.params.stop else text
 
     # --- offline API -----------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.sampling import SamplingParams
+from dspark.sampling import SamplingParams, StopRule
 
 _ids = itertools.count()
 
@@ -84,6 +84,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_token_id: int | None = None  # the token that ended it (not in output_ids), if a token did
+    stop_rule: StopRule | None = None  # the engine's, made on first use
     error: str | None = None
     slot: int = -1
     #: the last emitted token; not yet in the target KV cache (it is the next anchor)

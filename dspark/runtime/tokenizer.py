@@ -39,19 +39,42 @@ class Tokenizer:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas without splitting
-    multi-byte characters (a trailing U+FFFD waits for more tokens)."""
+    """A request's output text, delivered as deltas and cut at the first stop string:
+    the one detokenizer of the server and the CLI.
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    A request finishes once a stop string appears in its text, with the tokens that
+    completed it; the reader must never see the stop string. While it runs, the last
+    `len(longest stop) - 1` characters are held back, since they may be the start of
+    a stop string that the next tokens complete, and a trailing U+FFFD (half of a
+    multi-byte character) waits for the next token. The deltas therefore always
+    concatenate to the whole text (`text`)."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str] | tuple[str, ...] = ()) -> None:
         self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.ids: list[int] = []
-        self.emitted = ""
+        self.sent = 0  # characters already delivered
+        self.text = ""  # the text so far, cut at a stop string
+        self.hit_stop = False
 
-    def push(self, new_ids: list[int]) -> str:
-        self.ids.extend(new_ids)
+    def push(self, token_ids: list[int], finished: bool = False) -> str:
+        """Add tokens; returns the text that may be shown now (all of it once `finished`)."""
+        self.ids.extend(token_ids)
         text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            text = text[: min(cuts)]
+            self.hit_stop = True
+        self.text = text
+        if finished or self.hit_stop:
+            ready = len(text)
+        elif text.endswith("\ufffd"):
             return ""
-        delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
-        self.emitted = text
+        else:
+            ready = len(text) - self.holdback
+        if ready <= self.sent:
+            return ""
+        delta = text[self.sent: ready]
+        self.sent = ready
         return delta

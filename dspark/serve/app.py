@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from dspark.engine.engine import LLMEngine, QueueFull
 from dspark.errors import USER_ERRORS
+from dspark.runtime.tokenizer import IncrementalDetokenizer
 
 from .async_engine import AsyncEngine, EngineUnavailable, RequestStream
 from .config import ServeConfig, build_engine, default_served_name
@@ -32,7 +33,6 @@ from .metrics import ServingMetrics
 from .protocol import APIError, GenerationRequest, ModelContext, bad_request, parse_chat, parse_completion, \
     parse_json_body
 from .responses import Reply, sse
-from .text import OutputText
 
 log = logging.getLogger("dspark.serve")
 
@@ -277,7 +277,7 @@ class _EventStream(StreamingResponse):
 
 async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequest,
                   reply: Reply) -> AsyncIterator[str]:
-    text = OutputText(state.model.tokenizer, req.params.stop)
+    text = IncrementalDetokenizer(state.model.tokenizer, req.params.stop)
     num_out = 0
     try:
         if reply.chat:
@@ -301,7 +301,7 @@ async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequ
 
 async def _whole(request: Request, state: ServerState, stream: RequestStream, req: GenerationRequest,
                  reply: Reply) -> JSONResponse:
-    text = OutputText(state.model.tokenizer, req.params.stop)
+    text = IncrementalDetokenizer(state.model.tokenizer, req.params.stop)
     num_out = 0
     loop = asyncio.get_running_loop()
     checked = loop.time()
