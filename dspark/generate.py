@@ -56,7 +56,7 @@ def generate_plain(
     slot = cache.allocate(0)
     gen = torch.Generator(device=target.device)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-    rule = StopRule(params, target.tokenizer.eos_token_ids)
+    rule = StopRule(params, () if params.ignore_eos else target.tokenizer.eos_token_ids)
     budget = min(params.max_tokens, max_len - len(prompt_ids))
     out: list[int] = []
     feed, pos = prompt_ids, 0

@@ -150,7 +150,8 @@ class LLMEngine:
     def _append(self, seq: Sequence, tokens: list[int]) -> list[int]:
         rule = seq.stop_rule
         if rule is None:
-            rule = seq.stop_rule = StopRule(seq.params, self.target.tokenizer.eos_token_ids)
+            eos = () if seq.params.ignore_eos else self.target.tokenizer.eos_token_ids
+            rule = seq.stop_rule = StopRule(seq.params, eos)
         new: list[int] = []
         for t in tokens:
             if rule.stop_token(t):
