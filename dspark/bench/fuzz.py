@@ -42,12 +42,6 @@ class LargeBody:
         obj = {"prompt": payload} if self.field == "prompt" else {"messages": [{"role": "user", "content": payload}]}
         return json.dumps(obj).encode()
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, item) -> bytes:
-        return f'<{self.size} bytes of {self.field} "{self.word}"...>'.encode()[item]
-
 
 @dataclass
 class FuzzCase:
@@ -58,6 +52,9 @@ class FuzzCase:
     kind: str = ""  # what the case mutates, for the report
 
     def describe(self, limit: int = 300) -> str:
+        if isinstance(self.body, LargeBody):
+            b = self.body
+            return f"{self.method} {self.path} [{self.kind}] headers={self.headers} body=<{b.size} bytes of {b.field} {b.word!r}...>"
         body = b"" if self.body is None else self.body
         shown = body[:limit].decode("utf-8", "backslashreplace")
         more = f"... ({len(body)} bytes)" if len(body) > limit else ""

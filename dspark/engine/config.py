@@ -45,7 +45,6 @@ class EngineConfig:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
 
 
-
 SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 
 

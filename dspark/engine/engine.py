@@ -148,10 +148,7 @@ class LLMEngine:
         return outputs
 
     def _append(self, seq: Sequence, tokens: list[int]) -> list[int]:
-        rule = seq.stop_rule
-        if rule is None:
-            eos = () if seq.params.ignore_eos else self.target.tokenizer.eos_token_ids
-            rule = seq.stop_rule = StopRule(seq.params, eos)
+        rule = self._stop_rule(seq)
         new: list[int] = []
         for t in tokens:
             if rule.stop_token(t):
@@ -179,10 +176,15 @@ class LLMEngine:
         self.stats.merge(seq.stats)
         self.num_finished += 1
 
+    def _stop_rule(self, seq: Sequence) -> StopRule:
+        if seq.stop_rule is None:
+            eos = () if seq.params.ignore_eos else self.target.tokenizer.eos_token_ids
+            seq.stop_rule = StopRule(seq.params, eos)
+        return seq.stop_rule
+
     def final_text(self, seq: Sequence) -> str:
         """The request's text, cut before its first stop string."""
-        text = self.target.tokenizer.decode(seq.output_ids)
-        return StopRule(seq.params, ()).cut_text(text) if seq.params.stop else text
+        return self._stop_rule(seq).cut_text(self.target.tokenizer.decode(seq.output_ids))
 
     # --- offline API -----------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:

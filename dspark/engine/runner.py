@@ -45,7 +45,8 @@ class SpecRunner:
         self.cache = cache
         self.drafter = drafter
         self.policy = policy
-        self.num_speculative_tokens = min(num_speculative_tokens, drafter.max_draft_tokens) if drafter else 0
+        # settled by the engine (at most what the drafter drafts)
+        self.num_speculative_tokens = num_speculative_tokens if drafter else 0
         self.hidden_layers = list(drafter.target_layer_ids) if drafter else []
         self.device = model.device
         #: the shape of the last step's work: tokens in its target forward, requests drafted for

@@ -59,7 +59,6 @@ class ServerState:
         self.metrics = ServingMetrics(names[0])
         self.names = names
         self.phase = STARTING
-        self.phase_since = time.monotonic()
         self.started = time.monotonic()
         self.engine: LLMEngine | None = None
         self.async_engine: AsyncEngine | None = None
@@ -71,7 +70,7 @@ class ServerState:
 
     def set_phase(self, phase: str) -> None:
         log.info("%s (%.1f s since start)", PHASE_MESSAGES.get(phase, phase), time.monotonic() - self.started)
-        self.phase, self.phase_since = phase, time.monotonic()
+        self.phase = phase
 
     def attach(self, engine: LLMEngine) -> None:
         """The engine is built: the routes may use it from now on."""
@@ -79,7 +78,7 @@ class ServerState:
         self.async_engine = AsyncEngine(engine, self.metrics, self.config.log_interval)
         self.model = ModelContext(self.names, engine.target.tokenizer, engine.config.max_model_len,
                                   engine.target.cfg.vocab_size)
-        self.phase, self.phase_since = READY, time.monotonic()
+        self.phase = READY
         log.info("ready after %.1f s: serving %s, max %d running and %d waiting requests of up to %d tokens, "
                  "API key %s", time.monotonic() - self.started, " / ".join(self.names),
                  engine.config.max_num_seqs, engine.config.max_waiting, engine.config.max_model_len,
