@@ -98,3 +98,88 @@ def test_precision_names_and_auto_choice(tiny_hf):
     said = []
     auto = load_transformer(path, "auto", log=said.append)
     assert auto.precision in ("fp32", "bf16", "bf16w") and said and said[0].startswith("dtype auto:")
+
+
+def _cache_and_tokens(g, slots=4, kvh=3, heads=9, length=64, d=64):
+    kc, vc = torch.randn(slots, kvh, length, d, generator=g), torch.randn(slots, kvh, length, d, generator=g)
+    # three tokens of one request (a verification), a first token, a lone decode
+    tok_slots, pos = torch.tensor([1, 1, 1, 3, 0]), torch.tensor([10, 11, 12, 0, 40])
+    qkv = torch.randn(5, (heads + 2 * kvh) * d, generator=g)
+    return kc, vc, tok_slots, pos, qkv
+
+
+def test_attention_kernel_matches_fp64_sdpa_and_writes_the_cache():
+    g = torch.Generator().manual_seed(3)
+    heads, kvh, d = 9, 3, 64
+    kc, vc, slots, pos, qkv = _cache_and_tokens(g)
+    want_k, want_v = kc.clone(), vc.clone()
+    q, k, v = qkv.view(5, heads + 2 * kvh, d).split([heads, kvh, kvh], dim=1)
+    want_k[slots, :, pos] = k
+    want_v[slots, :, pos] = v
+    out = cpu_kernels.attention_f32(qkv, heads, kc, vc, slots, pos)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    for t in range(5):
+        s, p = int(slots[t]), int(pos[t])
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[t].unsqueeze(1).double(), want_k[s, :, : p + 1].double(), want_v[s, :, : p + 1].double(),
+            enable_gqa=True)[:, 0]
+        torch.testing.assert_close(out[t].double(), ref, atol=2e-6, rtol=0)
+
+
+def test_attention_kernel_rows_do_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(4)
+    kc, vc, slots, pos, qkv = _cache_and_tokens(g)
+    full = cpu_kernels.attention_f32(qkv, 9, kc, vc, slots, pos)
+    for t in range(5):
+        one = cpu_kernels.attention_f32(qkv[t : t + 1], 9, kc, vc, slots[t : t + 1], pos[t : t + 1])
+        assert torch.equal(one[0], full[t])
+    with pytest.raises(IndexError, match="outside the cache"):
+        cpu_kernels.attention_f32(qkv[:1], 9, kc, vc, slots[:1], torch.tensor([64]))
+    with pytest.raises(IndexError, match="outside the cache"):
+        cpu_kernels.attention_f32(qkv[:1], 9, kc, vc, torch.tensor([4]), pos[:1])
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu_kernels.attention_f32(qkv[:, :-8], 9, kc, vc, slots, pos)
+
+
+def test_elementwise_kernels_match_torch():
+    from dspark.runtime.model import rotate_half
+
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(7, 581, generator=g) * 3, torch.randn(581, generator=g)
+    ref = w.double() * (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(cpu_kernels.rmsnorm_f32(x, w, 1e-5).double(), ref, atol=1e-5, rtol=1e-5)
+    gu = torch.randn(5, 2 * 203, generator=g) * 6
+    gate, up = gu.double().chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_kernels.silu_mul_f32(gu).double(), torch.nn.functional.silu(gate) * up,
+                               atol=1e-5, rtol=1e-5)
+    heads, d = 4, 64
+    rows = torch.randn(3, (heads + 2) * d, generator=g)
+    ang = torch.randn(3, d // 2, generator=g)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    want = rows.clone().view(3, heads + 2, d)
+    want[:, :heads] = want[:, :heads] * cos.unsqueeze(1) + rotate_half(want[:, :heads]) * sin.unsqueeze(1)
+    got = cpu_kernels.rope_f32_(rows, heads, cos, sin)
+    assert torch.equal(got, want.view(3, -1))  # the same operations as torch: bit for bit
+
+
+def test_native_and_torch_paths_agree(tiny_hf, monkeypatch):
+    """The fp32 model with the native kernels (attention, norms, rotary, SiLU) against
+    the same model on torch operators only: a prefill beside a short request, then a
+    verification beside a decode."""
+    kind, path, _ = tiny_hf
+    model = load_transformer(path, "fp32")
+    assert model._native_attention(KVCachePool(model.cfg, 1, 8, model.dtype))
+
+    def run():
+        cache = KVCachePool(model.cfg, 2, 64, model.dtype)
+        a, b = cache.allocate(0), cache.allocate(1)
+        # a prompt longer than the native kernel's queries next to a short one: both paths in one step
+        out = [model(FlatBatch.from_requests([list(range(5, 45)), list(range(30, 33))], [0, 0], [a, b],
+                                             logits="all"), cache)[0]]
+        out.append(model(FlatBatch.from_requests([[40, 41, 42, 43], [50]], [40, 3], [a, b], logits="all"), cache)[0])
+        return torch.cat(out)
+
+    native = run()
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    assert not model._native_attention(KVCachePool(model.cfg, 1, 8, model.dtype))
+    torch.testing.assert_close(native, run(), atol=1e-4, rtol=0)

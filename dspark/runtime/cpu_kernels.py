@@ -27,8 +27,10 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("kernels") / "gemm_bf16w.c"
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+_SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "attention_f32.c",
+                                                                  "elementwise_f32.c")]
+# -ffp-contract=off: only the FMAs written out as intrinsics are fused.
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _why: str | None = None
 _loaded = False
@@ -57,7 +59,7 @@ def _build(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, *map(str, _SOURCES)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(tmp, target)
@@ -79,8 +81,8 @@ def load() -> ctypes.CDLL | None:
     if missing:
         _why = f"this CPU lacks {', '.join(sorted(missing))}"
         return None
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    path = cache_dir() / f"gemm_bf16w-{digest}.so"
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    path = cache_dir() / f"dspark_kernels-{digest}.so"
     try:
         if not path.is_file():
             _build(path)
@@ -88,9 +90,18 @@ def load() -> ctypes.CDLL | None:
     except (OSError, RuntimeError) as e:
         _why = f"could not build the native kernel: {e}"
         return None
-    fn = lib.dspark_gemm_bf16w
+    fn = lib.dspark_gemm_bf16w_packed
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
+    fn = lib.dspark_attention_f32
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6 + [
+        ctypes.c_float, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    lib.dspark_rmsnorm_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+    lib.dspark_silu_mul_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    lib.dspark_rope_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+    for name in ("dspark_rmsnorm_f32", "dspark_silu_mul_f32", "dspark_rope_f32"):
+        getattr(lib, name).restype = None
     _lib = lib
     return lib
 
@@ -104,21 +115,124 @@ def available() -> bool:
     return load() is not None
 
 
-def gemm_bf16w(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] fp32 @ weight[N, K].T (bf16) (+ bias [N] fp32) -> [..., N] fp32."""
+#: the order of a panel's 16 columns in memory (see kernels/gemm_bf16w.c)
+_PANEL_ORDER = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
+
+
+class PackedBf16:
+    """A bf16 weight [N, K] laid out for the kernel: ceil(N / 16) panels of [K][16]."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
+            raise TypeError("gemm_bf16w takes a CPU bf16 weight [out_features, in_features]")
+        n, k = weight.shape
+        p = (n + 15) // 16
+        padded = weight.new_zeros(p * 16, k)
+        padded[:n] = weight
+        order = torch.tensor(_PANEL_ORDER)
+        self.data = padded.view(p, 16, k)[:, order].transpose(1, 2).contiguous()
+        self.out_features, self.in_features = n, k
+
+
+def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] fp32 @ weight[N, K].T (bf16) (+ bias [N] fp32) -> [..., N] fp32.
+    `weight` is a bf16 tensor (packed on every call) or, for repeated use, a
+    `PackedBf16` of it."""
     lib = load()
     if lib is None:
         raise RuntimeError(f"native bf16w kernel unavailable: {_why}")
-    k = weight.shape[1]
+    packed = weight if isinstance(weight, PackedBf16) else PackedBf16(weight)
+    n, k = packed.out_features, packed.in_features
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the weight expects {k}")
+    if x.device.type != "cpu":
+        raise TypeError("gemm_bf16w takes CPU activations")
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-    w = weight.contiguous()
-    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or x2.device.type != "cpu":
-        raise TypeError("gemm_bf16w takes a CPU bf16 weight and CPU activations")
     b = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.float32)
+    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
     if x2.shape[0]:
-        lib.dspark_gemm_bf16w(x2.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(),
-                              out.data_ptr(), x2.shape[0], w.shape[0], k, torch.get_num_threads())
-    return out.view(*x.shape[:-1], w.shape[0])
+        lib.dspark_gemm_bf16w_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
+                                     out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)
+
+
+
+def _lib_or_raise() -> ctypes.CDLL:
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"native CPU kernels unavailable: {_why}")
+    return lib
+
+
+def _f32_rows(x: torch.Tensor, what: str) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
+        raise TypeError(f"{what} takes a contiguous fp32 CPU tensor")
+    return x
+
+
+def attention_f32(qkv: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Write each token's key and value into the cache at (its slot, its position), then
+    attend: token t sees keys 0..positions[t] of slot slots[t] (causal, GQA, scale
+    1/sqrt(head_dim)). qkv [N, (heads + 2 kv_heads) * head_dim] fp32 (queries, keys,
+    values; rows may be strided), caches [S, kv_heads, L, head_dim] contiguous fp32;
+    slots and positions [N] int64. Returns [N, heads, head_dim]."""
+    lib = _lib_or_raise()
+    s, kvh, length, d = k_cache.shape
+    n, width = qkv.shape
+    if d % 8 or num_heads % kvh or width != (num_heads + 2 * kvh) * d or qkv.stride(1) != 1:
+        raise ValueError(f"attention_f32: qkv {tuple(qkv.shape)} does not fit {num_heads} heads and a cache "
+                         f"{tuple(k_cache.shape)}")
+    if qkv.dtype != torch.float32 or qkv.device.type != "cpu":
+        raise TypeError("attention_f32 takes fp32 CPU activations")
+    _f32_rows(k_cache, "attention_f32's cache")
+    _f32_rows(v_cache, "attention_f32's cache")
+    slots = slots.to(torch.int64).contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    out = qkv.new_empty(n, num_heads, d)
+    if n and lib.dspark_attention_f32(qkv.data_ptr(), qkv.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                      slots.data_ptr(), positions.data_ptr(), out.data_ptr(),
+                                      n, s, num_heads, kvh, d, length, d ** -0.5, torch.get_num_threads()):
+        raise IndexError(f"attention_f32: a slot or position is outside the cache ({s} slots, {length} positions)")
+    return out
+
+
+def rmsnorm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / sqrt(mean(x^2) + eps) over the last dimension, fp32."""
+    lib = _lib_or_raise()
+    x = _f32_rows(x.contiguous(), "rmsnorm_f32")
+    w = _f32_rows(weight, "rmsnorm_f32")
+    k = x.shape[-1]
+    if w.shape != (k,):
+        raise ValueError(f"rmsnorm_f32: weight {tuple(w.shape)} for rows of {k}")
+    out = torch.empty_like(x)
+    lib.dspark_rmsnorm_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.numel() // max(k, 1), k, eps,
+                           torch.get_num_threads())
+    return out
+
+
+def silu_mul_f32(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2 I] = [gate | up] -> silu(gate) * up [..., I], fp32."""
+    lib = _lib_or_raise()
+    gu = _f32_rows(gate_up.contiguous(), "silu_mul_f32")
+    i = gu.shape[-1] // 2
+    out = gu.new_empty(*gu.shape[:-1], i)
+    lib.dspark_silu_mul_f32(gu.data_ptr(), out.data_ptr(), gu.numel() // max(2 * i, 1), i, torch.get_num_threads())
+    return out
+
+
+def rope_f32_(x: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """In place: rotate the first `num_heads` heads of each row of x [N, width] (fp32,
+    rows may be strided) by the rotary tables cos, sin [N, head_dim]. Returns x."""
+    lib = _lib_or_raise()
+    n, d = cos.shape
+    if x.dim() != 2 or x.shape[0] != n or x.stride(1) != 1 or num_heads * d > x.shape[1] or d % 2:
+        raise ValueError(f"rope_f32_: rows {tuple(x.shape)}, {num_heads} heads, tables {tuple(cos.shape)}")
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise TypeError("rope_f32_ takes fp32 CPU activations")
+    cos = _f32_rows(cos, "rope_f32_")
+    sin = _f32_rows(sin, "rope_f32_")
+    if n:
+        lib.dspark_rope_f32(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), n, num_heads, d)
+    return x

@@ -20,7 +20,8 @@ from torch import nn
 
 from .attention import GROUPED_MAX_QUERIES, attention
 from .batch import FlatBatch
-from .cpu_kernels import gemm_bf16w
+from . import cpu_kernels
+from .cpu_kernels import PackedBf16, gemm_bf16w
 from .config import ModelConfig
 from .kv_cache import KVCachePool
 
@@ -32,11 +33,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _native_ok(x, self.weight):
+            return cpu_kernels.rmsnorm_f32(x, self.weight, self.eps)
         # Normalise in fp32 and cast back before the weight, as the reference does.
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(dtype)
+
+
+def _native_ok(*tensors: torch.Tensor) -> bool:
+    """Whether fp32 CPU inference can take the native kernels (cpu_kernels) for these."""
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+            and cpu_kernels.available())
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -82,8 +92,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [N, hidden]
-        cos: torch.Tensor,  # [N, 1, head_dim]
-        sin: torch.Tensor,  # [N, 1, head_dim]
+        cos: torch.Tensor,  # [N, head_dim]
+        sin: torch.Tensor,  # [N, head_dim]
         k_cache: torch.Tensor,  # [slots, kv_heads, max_len, head_dim]
         v_cache: torch.Tensor,
         layout: "_AttnPlan",
@@ -91,21 +101,28 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         n = x.shape[0]
         qkv = self.qkv_proj(self.input_layernorm(x))
-        qk, v = qkv.split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
-        qk = qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
+            qk, v = qkv.split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
+            q, k = qk.view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim).split(
+                [cfg.num_heads, cfg.num_kv_heads], dim=1)
+            qkv = torch.cat([self.q_norm(q).reshape(n, -1), self.k_norm(k).reshape(n, -1), v], dim=-1)
         # One rotary application for queries and keys together (fewer kernels per step).
-        qk = qk * cos + rotate_half(qk) * sin
-        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-        k_cache[layout.token_slots, :, layout.positions] = k
-        v_cache[layout.token_slots, :, layout.positions] = v
-        o = layout.attend(q, k_cache, v_cache).reshape(n, cfg.q_size)
+        if layout.native:
+            cpu_kernels.rope_f32_(qkv, cfg.num_heads + cfg.num_kv_heads, cos, sin)
+        else:
+            qk, v = qkv.split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
+            qk = qk.reshape(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+            qk = qk * cos.unsqueeze(1) + rotate_half(qk) * sin.unsqueeze(1)
+            qkv = torch.cat([qk.reshape(n, -1), v], dim=-1)
+        o = layout.write_and_attend(qkv, k_cache, v_cache).reshape(n, cfg.q_size)
         x = x + self.o_proj(o)
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(self.post_attention_layernorm(x))
+        if layout.native:
+            h = cpu_kernels.silu_mul_f32(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return x + self.down_proj(h)
 
 
 class _AttnPlan:
@@ -118,7 +135,8 @@ class _AttnPlan:
     attends in two groups.
     """
 
-    def __init__(self, batch: FlatBatch, device: torch.device, num_slots: int | None = None) -> None:
+    def __init__(self, batch: FlatBatch, device: torch.device, num_slots: int | None = None,
+                 native: bool = False) -> None:
         lens = batch.seq_lens
         slots = torch.tensor(batch.slots, dtype=torch.long, device=device)
         req_of_token = torch.repeat_interleave(torch.arange(len(lens), device=device),
@@ -126,12 +144,43 @@ class _AttnPlan:
         self.token_slots = slots[req_of_token]
         self.positions = batch.positions
         short = [i for i, n in enumerate(lens) if n <= GROUPED_MAX_QUERIES]
-        if not short or len(short) == len(lens):
+        long = [i for i, n in enumerate(lens) if n > GROUPED_MAX_QUERIES]
+        # native: the short requests' tokens go through the fp32 CPU kernel, which
+        # writes and attends in one call, straight from the cache (no padding).
+        self.native_rows: torch.Tensor | None = None
+        if native and short:
+            self.native_rows = None if not long else _rows_of(batch, short, device)
+            self.groups = [] if not long else [_sub_layout(batch, long, device, num_slots)]
+        elif not short or not long:
             self.groups = [(None, _AttnLayout(batch, device, num_slots))]
         else:
-            long = [i for i, n in enumerate(lens) if n > GROUPED_MAX_QUERIES]
             self.groups = [_sub_layout(batch, idx, device, num_slots) for idx in (short, long)]
-        self.kv_len = max(lay.kv_len for _, lay in self.groups)
+        self.native = native and bool(short)
+        self.kv_len = max(batch.positions.tolist()) + 1
+
+    def write_and_attend(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """qkv [N, (heads + 2 kv_heads) * head_dim] of the batch's tokens, rotary
+        applied: store the keys and values in the cache, then attend. Returns the
+        attention output [N, heads, head_dim]."""
+        kvh, d = k_cache.shape[1], k_cache.shape[3]
+        heads = qkv.shape[1] // d - 2 * kvh
+        if self.native and not self.groups:
+            return cpu_kernels.attention_f32(qkv, heads, k_cache, v_cache, self.token_slots, self.positions)
+        n = qkv.shape[0]
+        q, k, v = qkv.view(n, heads + 2 * kvh, d).split([heads, kvh, kvh], dim=1)
+        if not self.native:
+            k_cache[self.token_slots, :, self.positions] = k
+            v_cache[self.token_slots, :, self.positions] = v
+            return self.attend(q, k_cache, v_cache)
+        out = q.new_empty(n, heads, d)
+        rows = self.native_rows
+        out[rows] = cpu_kernels.attention_f32(qkv[rows], heads, k_cache, v_cache, self.token_slots[rows],
+                                              self.positions[rows])
+        (rows, lay), = self.groups
+        k_cache[self.token_slots[rows], :, self.positions[rows]] = k[rows]
+        v_cache[self.token_slots[rows], :, self.positions[rows]] = v[rows]
+        out[rows] = lay.attend(q.index_select(0, rows), k_cache, v_cache)
+        return out
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q [N, heads, head_dim] of the batch's tokens -> attention output, same shape."""
@@ -143,11 +192,17 @@ class _AttnPlan:
         return out
 
 
+def _rows_of(batch: FlatBatch, requests: list[int], device: torch.device) -> torch.Tensor:
+    """The token rows of `requests` in `batch`."""
+    cu = batch.cu_seqlens
+    return torch.cat([torch.arange(cu[i], cu[i + 1], device=device) for i in requests])
+
+
 def _sub_layout(batch: FlatBatch, requests: list[int], device: torch.device,
                 num_slots: int | None) -> tuple[torch.Tensor, "_AttnLayout"]:
     """The token rows of `requests` in `batch` and the layout of those requests alone."""
     cu = batch.cu_seqlens
-    rows = torch.cat([torch.arange(cu[i], cu[i + 1], device=device) for i in requests])
+    rows = _rows_of(batch, requests, device)
     sub_cu = [0]
     for i in requests:
         sub_cu.append(sub_cu[-1] + cu[i + 1] - cu[i])
@@ -264,17 +319,19 @@ def pack_cpu_bf16_linears(model: nn.Module) -> int:
 class _Bf16WeightLinearForward:
     """`nn.Linear` with its weight stored in bf16 and computed in fp32 by the native
     AVX2 kernel (`cpu_kernels.gemm_bf16w`): the `bf16w` precision. Autograd keeps a
-    plain fp32 path over the same (bf16-rounded) weight values."""
+    plain fp32 path over the same (bf16-rounded) weight values. The weight is packed
+    for the kernel once, here: later in-place changes to it are not seen."""
 
     def __init__(self, module: nn.Linear) -> None:
         self.module = module
+        self.packed = PackedBf16(module.weight.detach())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
         if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
             bias = None if m.bias is None else m.bias.float()
             return F.linear(x.float(), m.weight.float(), bias).to(x.dtype)
-        return gemm_bf16w(x, m.weight.detach(), None if m.bias is None else m.bias.detach()).to(x.dtype)
+        return gemm_bf16w(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
 
 
 def use_bf16_weights(model: nn.Module) -> int:
@@ -333,6 +390,11 @@ class Transformer(nn.Module):
             return "bf16w"
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
 
+    def _native_attention(self, cache: KVCachePool) -> bool:
+        """Whether attention takes the fp32 CPU kernel (kernels/attention_f32.c)."""
+        return (self.device.type == "cpu" and self.dtype == torch.float32 and cache.k[0].dtype == torch.float32
+                and self.cfg.head_dim % 8 == 0 and cache.k[0].is_contiguous() and _native_ok(self.norm.weight))
+
     def ensure_rope(self, length: int) -> None:
         if length <= self._rope_len:
             return
@@ -367,12 +429,12 @@ class Transformer(nn.Module):
                 raise ValueError(f"slot {s}: position {first} skips past the cache length {cache.lengths[s]}")
             cache.check_room(s, first + (b - a) - cache.lengths[s])
         self.ensure_rope(cache.max_len)
-        layout = _AttnPlan(batch, self.device, cache.num_slots)
+        layout = _AttnPlan(batch, self.device, cache.num_slots, native=self._native_attention(cache))
         cache.ensure_initialized(layout.kv_len)
         x = self.embed(batch.input_ids)
         dtype = x.dtype
-        cos = self.rope_cos[batch.positions].to(dtype).unsqueeze(1)
-        sin = self.rope_sin[batch.positions].to(dtype).unsqueeze(1)
+        cos = self.rope_cos[batch.positions].to(dtype)
+        sin = self.rope_sin[batch.positions].to(dtype)
         taps: dict[int, torch.Tensor] = {}
         wanted = set(hidden_layers)
         if -1 in wanted:

@@ -1,99 +1,153 @@
-/* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]): fp32 activations, bf16 weights
- * (nn.Linear layout, [N, K] row-major), fp32 accumulation, for AVX2 + FMA CPUs.
+/* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]): fp32 activations, bf16 weights,
+ * fp32 accumulation, for AVX2 + FMA CPUs.
  *
  * Decode on a CPU is bound by reading the weights; bf16 weights halve that traffic,
  * and widening bf16 to fp32 is a 16-bit shift, so it costs almost nothing in the
- * inner loop. Every output element is computed by the same sequence of operations
- * whatever M, the tile it falls in and the thread count are (one 8-lane accumulator
- * over k ascending, a fixed horizontal sum, then the K % 8 tail in order), so a row's
- * result does not depend on which other rows share the batch: verifying k draft
- * tokens gives bit-for-bit the logits that decoding them one at a time gives.
+ * inner loop. Prefill and large batches are bound by arithmetic instead, so the
+ * weights are stored pre-packed (dspark/runtime/cpu_kernels.py `pack_bf16w`) in
+ * panels of 16 output columns, [panel][k][16], each panel one contiguous stream:
+ * the kernel reads them strictly in order (what the hardware prefetcher likes best)
+ * and an outer-product micro-kernel keeps up to 12 accumulators busy (up to 6 rows
+ * by 16 columns) with one broadcast and one 32-byte weight load per step of k.
+ *
+ * Within a panel the 16 columns are stored in the order 0-3, 8-11, 4-7, 12-15, so
+ * that unpacking the low and the high 16-bit halves of one 256-bit load against zero
+ * (which widens bf16 to fp32 in the same instruction) yields columns 0-7 and 8-15.
+ *
+ * Every output element is one fused multiply-add chain over k ascending, starting
+ * from zero, then + bias: the same operations whatever M, the tile it falls in and
+ * the thread count are. A row's result therefore does not depend on which other
+ * rows share the call: verifying k draft tokens gives bit for bit the logits that
+ * decoding them one at a time gives.
  *
  * Built on first use by dspark/runtime/cpu_kernels.py (cc -O3 -mavx2 -mfma -fopenmp).
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-static inline __m256 load_bf16(const uint16_t *p) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#define PANEL 16
+
+static inline __attribute__((always_inline)) void load_panel_row(const uint16_t *p, __m256 *lo, __m256 *hi) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    __m256i z = _mm256_setzero_si256();
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
 }
 
-static inline float bf16_to_float(uint16_t h) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)h) << 16;
-    return v.f;
-}
-
-static inline float hsum(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
-
-/* One MB x NB tile; MB and NB are compile-time constants at every call site. */
-static inline __attribute__((always_inline)) void tile(
-    const float *x, int64_t K, const uint16_t *w, float *y, int64_t N,
-    const float *bias, int MB, int NB) {
-    __m256 acc[3][8];
-    for (int i = 0; i < MB; i++)
-        for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
-    const int64_t K8 = K & ~(int64_t)7;
-    for (int64_t k = 0; k < K8; k += 8) {
-        __m256 wv[8];
-        for (int j = 0; j < NB; j++) wv[j] = load_bf16(w + j * K + k);
-        for (int i = 0; i < MB; i++) {
-            __m256 xv = _mm256_loadu_ps(x + i * K + k);
-            for (int j = 0; j < NB; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+static inline __attribute__((always_inline)) void store16(float *y, __m256 lo, __m256 hi, const float *bias,
+                                                          int ncols) {
+    if (ncols == PANEL) {
+        if (bias) {
+            lo = _mm256_add_ps(lo, _mm256_loadu_ps(bias));
+            hi = _mm256_add_ps(hi, _mm256_loadu_ps(bias + 8));
         }
-    }
-    for (int i = 0; i < MB; i++)
-        for (int j = 0; j < NB; j++) {
-            float s = hsum(acc[i][j]);
-            for (int64_t k = K8; k < K; k++) s += x[i * K + k] * bf16_to_float(w[j * K + k]);
-            if (bias) s += bias[j];
-            y[i * N + j] = s;
-        }
-}
-
-#define TILE(mb, nb) tile(x + m * K, K, wb, y + m * N + n, N, bb, mb, nb)
-
-static void column_block(const float *x, const uint16_t *w, const float *bias, float *y,
-                         int64_t M, int64_t N, int64_t K, int64_t n, int nb) {
-    const uint16_t *wb = w + n * K;
-    const float *bb = bias ? bias + n : 0;
-    int64_t m = 0;
-    if (nb == 8 && M == 1) {  /* decode: eight weight rows in flight */
-        TILE(1, 8);
+        _mm256_storeu_ps(y, lo);
+        _mm256_storeu_ps(y + 8, hi);
         return;
     }
-    for (int64_t j = 0; j < nb; j += 4, wb += 4 * K, bb = bb ? bb + 4 : 0, n += 4) {
-        int nj = nb - j < 4 ? (int)(nb - j) : 4;
-        m = 0;
-        if (nj == 4) {
-            for (; m + 3 <= M; m += 3) TILE(3, 4);
-            if (M - m == 2) TILE(2, 4);
-            else if (M - m == 1) TILE(1, 4);
-        } else {
-            for (; m < M; m++) {
-                switch (nj) {
-                    case 3: TILE(1, 3); break;
-                    case 2: TILE(1, 2); break;
-                    default: TILE(1, 1); break;
-                }
+    float tmp[PANEL];
+    _mm256_storeu_ps(tmp, lo);
+    _mm256_storeu_ps(tmp + 8, hi);
+    for (int j = 0; j < ncols; j++) y[j] = bias ? tmp[j] + bias[j] : tmp[j];
+}
+
+/* MR rows of x times NP consecutive panels. MR and NP are compile-time constants at
+ * every call site; `ncols` is the number of valid columns of the last panel. */
+static inline __attribute__((always_inline)) void micro(
+    const float *x, int64_t K, const uint16_t *wp, float *y, int64_t ldy, const float *bias,
+    int MR, int NP, int ncols_last) {
+    __m256 acc[6][4][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++) acc[i][p][0] = acc[i][p][1] = _mm256_setzero_ps();
+    const int64_t pstride = K * PANEL;
+    for (int64_t k = 0; k < K; k++) {
+        __m256 w[4][2];
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++) load_panel_row(wp + p * pstride + k * PANEL, &w[p][0], &w[p][1]);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m256 xb = _mm256_broadcast_ss(x + i * K + k);
+#pragma GCC unroll 8
+            for (int p = 0; p < NP; p++) {
+                acc[i][p][0] = _mm256_fmadd_ps(xb, w[p][0], acc[i][p][0]);
+                acc[i][p][1] = _mm256_fmadd_ps(xb, w[p][1], acc[i][p][1]);
             }
         }
     }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++)
+            store16(y + i * ldy + p * PANEL, acc[i][p][0], acc[i][p][1], bias ? bias + p * PANEL : 0,
+                    p == NP - 1 ? ncols_last : PANEL);
 }
 
-void dspark_gemm_bf16w(const float *x, const uint16_t *w, const float *bias, float *y,
-                       int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t blocks = (N + 7) / 8;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t n = b * 8;
-        int nb = (int)(N - n < 8 ? N - n : 8);
-        column_block(x, w, bias, y, M, N, K, n, nb);
+/* Rows [m0, m1) of x against panels [p0, p1). */
+static void block(const float *x, const uint16_t *wp, const float *bias, float *y, int64_t N, int64_t K,
+                  int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+    const int64_t P = (N + PANEL - 1) / PANEL;
+    const int64_t M = m1 - m0;
+    /* Panels per micro-kernel call: wide for few rows (more independent chains to
+     * hide the FMA latency), one for many rows (up to 12 accumulators either way). */
+    const int64_t np = M >= 4 ? 1 : M == 3 ? 2 : M == 2 ? 3 : 4;
+    for (int64_t p = p0; p < p1;) {
+        int64_t take = p1 - p < np ? p1 - p : np;
+        int last = (int)(p + take == P ? N - (P - 1) * PANEL : PANEL);
+        const uint16_t *w = wp + p * K * PANEL;
+        const float *b = bias ? bias + p * PANEL : 0;
+        for (int64_t m = m0; m < m1;) {
+            int64_t r = m1 - m;
+            const float *xm = x + m * K;
+            float *ym = y + m * N + p * PANEL;
+#define CALL(mr, nparg) micro(xm, K, w, ym, N, b, mr, nparg, last)
+            if (take == 4) { CALL(1, 4); m += 1; continue; }
+            if (take == 3) { CALL(1, 3); m += 1; continue; }
+            if (take == 2) {
+                if (r >= 3) { CALL(3, 2); m += 3; }
+                else if (r == 2) { CALL(2, 2); m += 2; }
+                else { CALL(1, 2); m += 1; }
+                continue;
+            }
+            if (r >= 6) { CALL(6, 1); m += 6; }
+            else if (r == 5) { CALL(5, 1); m += 5; }
+            else if (r == 4) { CALL(4, 1); m += 4; }
+            else if (r == 3) { CALL(3, 1); m += 3; }
+            else if (r == 2) { CALL(2, 1); m += 2; }
+            else { CALL(1, 1); m += 1; }
+#undef CALL
+        }
+        p += take;
+    }
+}
+
+/* wp: the packed weight, ceil(N / 16) panels of [K][16] bf16. */
+void dspark_gemm_bf16w_packed(const float *x, const uint16_t *wp, const float *bias, float *y,
+                              int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t P = (N + PANEL - 1) / PANEL;
+    /* Rows per pass: keep the pass's activations (MC x K fp32) within ~192 KiB of
+     * cache while each panel is streamed once per pass. */
+    int64_t mc = (192 * 1024 / 4) / (K > 0 ? K : 1);
+    mc = mc < 6 ? 6 : mc / 6 * 6;
+    if (threads < 1) threads = 1;
+    if (threads > P) threads = (int)P;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        int t = omp_get_thread_num();
+        int nt = omp_get_num_threads();
+#else
+        int t = 0, nt = 1;
+#endif
+        int64_t p0 = P * t / nt, p1 = P * (t + 1) / nt;
+        for (int64_t m = 0; m < M; m += mc) {
+            int64_t m1 = m + mc < M ? m + mc : M;
+            block(x, wp, bias, y, N, K, m, m1, p0, p1);
+        }
     }
 }

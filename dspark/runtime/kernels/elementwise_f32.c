@@ -1,0 +1,122 @@
+/* The element-wise pieces of a decoder layer in fp32, for AVX2 + FMA: RMSNorm,
+ * SiLU(gate) * up, and the rotary embedding. In a decode step each is a handful of
+ * torch operators over a few thousand numbers, where dispatch costs more than the
+ * arithmetic; here each is one call. Rows are independent and each row is computed
+ * the same way whatever else shares the call (a fixed order of operations), so the
+ * batch composition does not change any result.
+ *
+ * Built on first use by dspark/runtime/cpu_kernels.py (cc -O3 -mavx2 -mfma -fopenmp).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+/* Threads only where the work pays for waking them. */
+#define PAR_MIN_ELEMS (1 << 16)
+
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+
+/* exp(x) to about 2 ulp over [-87, 88] (clamped outside): x = n ln2 + r, a degree-6
+ * polynomial for exp(r) (the classic single-precision minimax coefficients) times 2^n. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n in two halves so that n = 128 (x near 88) does not overflow the exponent */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i h1 = _mm256_srai_epi32(ni, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h1), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+static inline float exp1(float x) {
+    float in[8] = {x}, out[8];
+    _mm256_storeu_ps(out, exp8(_mm256_loadu_ps(in)));
+    return out[0];
+}
+
+/* out[m] = w * (x[m] / sqrt(mean(x[m]^2) + eps)), rows of K. */
+void dspark_rmsnorm_f32(const float *x, const float *w, float *out, int64_t M, int64_t K, float eps,
+                        int threads) {
+    const int64_t K8 = K & ~(int64_t)7;
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= PAR_MIN_ELEMS)
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * K;
+        float *om = out + m * K;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K8; k += 8) {
+            __m256 v = _mm256_loadu_ps(xm + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum8(acc);
+        for (int64_t k = K8; k < K; k++) ss += xm[k] * xm[k];
+        const float inv = 1.0f / sqrtf(ss / (float)K + eps);
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (int64_t k = 0; k < K8; k += 8)
+            _mm256_storeu_ps(om + k, _mm256_mul_ps(_mm256_loadu_ps(w + k),
+                                                   _mm256_mul_ps(_mm256_loadu_ps(xm + k), vinv)));
+        for (int64_t k = K8; k < K; k++) om[k] = w[k] * (xm[k] * inv);
+    }
+}
+
+/* gu [M, 2I] = [gate | up] -> out [M, I] = silu(gate) * up. */
+void dspark_silu_mul_f32(const float *gu, float *out, int64_t M, int64_t I, int threads) {
+    const int64_t I8 = I & ~(int64_t)7;
+    const __m256 one = _mm256_set1_ps(1.0f);
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * I >= PAR_MIN_ELEMS)
+    for (int64_t m = 0; m < M; m++) {
+        const float *g = gu + m * 2 * I, *u = g + I;
+        float *o = out + m * I;
+        for (int64_t i = 0; i < I8; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+        }
+        for (int64_t i = I8; i < I; i++) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+    }
+}
+
+/* In place, the first `heads` heads of D floats of each of N rows of `row` floats:
+ * x = x * cos + rotate_half(x) * sin, with cos and sin [N, D] per token (halves
+ * duplicated, as the tables are built). D even. */
+void dspark_rope_f32(float *x, int64_t row, const float *cos, const float *sin, int64_t N, int64_t heads,
+                     int64_t D) {
+    const int64_t half = D / 2;
+    for (int64_t n = 0; n < N; n++) {
+        const float *c = cos + n * D, *s = sin + n * D;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + n * row + h * D;
+            int64_t i = 0;
+            for (; i + 8 <= half; i += 8) {
+                __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + half + i);
+                __m256 lo = _mm256_sub_ps(_mm256_mul_ps(a, _mm256_loadu_ps(c + i)),
+                                          _mm256_mul_ps(b, _mm256_loadu_ps(s + i)));
+                __m256 hi = _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(c + half + i)),
+                                          _mm256_mul_ps(a, _mm256_loadu_ps(s + half + i)));
+                _mm256_storeu_ps(v + i, lo);
+                _mm256_storeu_ps(v + half + i, hi);
+            }
+            for (; i < half; i++) {
+                float a = v[i], b = v[half + i];
+                v[i] = a * c[i] - b * s[i];
+                v[half + i] = b * c[half + i] + a * s[half + i];
+            }
+        }
+    }
+}
