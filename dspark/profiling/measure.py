@@ -56,7 +56,11 @@ def machine_id() -> str:
 def cache_key(target: Target, device: str, context_len: int, tokens_per_request: int) -> str:
     st = target.path / "model.safetensors"
     ident = f"{target.path.resolve()}:{st.stat().st_size if st.exists() else 0}"
-    h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}".encode()).hexdigest()[:10]
+    from dspark.runtime import cpu_kernels
+
+    # the kernels' build: a faster runtime must not reuse the old runtime's step times
+    kernels = cpu_kernels.build_id() if device == "cpu" and cpu_kernels.available() else "-"
+    h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}|{kernels}".encode()).hexdigest()[:10]
     dtype = getattr(target, "precision", None) or str(target.dtype).removeprefix("torch.")
     return f"{target.path.name}-{dtype}-{device}-{h}"
 

@@ -68,6 +68,12 @@ def _build(target: Path) -> None:
             os.unlink(tmp)
 
 
+def build_id() -> str:
+    """A digest of the kernels' sources and flags: names the built library, and keys
+    caches of measurements that depend on the kernels (step-time tables)."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + " ".join(_FLAGS).encode()).hexdigest()[:16]
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, building it on first use; None where it cannot run."""
     global _lib, _why, _loaded
@@ -81,8 +87,7 @@ def load() -> ctypes.CDLL | None:
     if missing:
         _why = f"this CPU lacks {', '.join(sorted(missing))}"
         return None
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    path = cache_dir() / f"dspark_kernels-{digest}.so"
+    path = cache_dir() / f"dspark_kernels-{build_id()}.so"
     try:
         if not path.is_file():
             _build(path)
