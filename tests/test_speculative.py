@@ -119,6 +119,37 @@ def test_greedy_speculative_equals_plain(greedy_case, method, gamma, weights):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", [None, "dspark", "eagle3"])
+def test_chunked_prefill_keeps_greedy_exact(greedy_case, method):
+    """Prompts prefilled 7 tokens per step, beside running decodes and verifications:
+    the same tokens as plain decoding with whole-prompt prefill."""
+    target, prompts, refs = greedy_case
+    assert max(len(p) for p in prompts) > 3 * 7
+    spec = None if method is None else SpeculativeConfig(method=method, num_speculative_tokens=5)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=8, max_model_len=512, max_prefill_tokens=7))
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=24))
+    for p, seq, ref in zip(ALL_PROMPTS, seqs, refs):
+        assert seq.output_ids == ref, (method, p)
+
+
+def test_long_prompt_is_prefilled_in_chunks_while_others_decode(default_target_fp32):
+    target = default_target_fp32
+    engine = LLMEngine(target, None, EngineConfig(max_num_seqs=4, max_model_len=256, max_prefill_tokens=4))
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    a = engine.add_request([5, 6, 7], params)
+    engine.step()
+    assert len(a.output_ids) == 1
+    b = engine.add_request(list(range(100, 118)), params)  # 18 tokens: chunks of 4, 4, 4, 4, 2
+    for step in range(1, 6):
+        emitted = {o.seq.request_id: o.new_tokens for o in engine.step()}
+        assert len(emitted[a.request_id]) == 1  # the running request decodes every step
+        assert b.num_prefilled == min(18, 4 * step)
+        assert (b.request_id in emitted) == (step == 5) and len(b.output_ids) == (step == 5)
+    ref = generate_plain(target, list(range(100, 118)), SamplingParams(max_tokens=1, ignore_eos=True))
+    assert b.output_ids == ref.token_ids
+
+
+@pytest.mark.slow
 def test_greedy_oracle_drafter_accepts_and_stays_exact(greedy_case):
     target, prompts, refs = greedy_case
     references = {tuple(p): p + r for p, r in zip(prompts, refs)}

@@ -45,8 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait for a batch slot; beyond it the server answers 429 "
                         "(default: %(default)s)")
     e.add_argument("--max-prefill-tokens", type=int, default=EngineConfig.max_prefill_tokens,
-                   help="prompt tokens admitted per step, so that long prompts do not stall running "
-                        "requests (default: %(default)s)")
+                   help="prompt tokens per step: a longer prompt is prefilled in chunks over several steps "
+                        "while running requests keep decoding (default: %(default)s)")
     o = p.add_argument_group("operations")
     o.add_argument("--log-interval", type=float, default=ServeConfig.log_interval,
                    help="seconds between log lines with throughput, running/waiting requests and acceptance "

@@ -36,8 +36,9 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_model_len: int = 2048
     max_waiting: int = 1024
-    #: prompt tokens admitted per step (a long prompt alone is always admitted)
-    max_prefill_tokens: int = 2048
+    #: prompt tokens per step: a longer prompt is prefilled in chunks over several
+    #: steps, so that running requests keep decoding meanwhile
+    max_prefill_tokens: int = 512
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_model_len", "max_waiting", "max_prefill_tokens"):

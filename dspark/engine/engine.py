@@ -2,8 +2,9 @@
 
 Requests wait in a bounded queue, are admitted while KV slots, `max_num_seqs` and
 the per-step prefill budget allow, and leave as soon as they finish or are aborted.
-`step()` runs one target forward for every running request (verification) plus the
-newly admitted ones (prefill) and returns what each request emitted. The engine
+`step()` runs one target forward for every running request (verification) plus
+prompt chunks within the budget (prefill: a long prompt takes several steps, while
+the others keep decoding) and returns what each request emitted. The engine
 knows nothing of HTTP; it detokenizes only to honour stop strings.
 """
 
@@ -111,37 +112,47 @@ class LLMEngine:
         return bool(self.waiting or self.running)
 
     # --- stepping --------------------------------------------------------------
-    def _admit(self) -> list[Sequence]:
-        admitted: list[Sequence] = []
+    def _prefill_chunks(self) -> tuple[list[tuple[Sequence, int, int]], list[Sequence]]:
+        """This step's prefill work within `max_prefill_tokens`: the next chunk of every
+        partly prefilled request (admission order), then newly admitted requests while
+        KV slots, `max_num_seqs` and the budget allow. Returns ((seq, start, end)
+        prompt chunks, the newly admitted)."""
         budget = self.config.max_prefill_tokens
-        while self.waiting and len(self.running) + len(admitted) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            if admitted and len(seq.prompt_ids) > budget:
+        chunks: list[tuple[Sequence, int, int]] = []
+        for seq in self.running:
+            if budget <= 0:
                 break
-            if self.runner.cache.num_free == 0:
-                break
-            self.waiting.popleft()
+            if not seq.prefilled:
+                end = min(len(seq.prompt_ids), seq.num_prefilled + budget)
+                chunks.append((seq, seq.num_prefilled, end))
+                budget -= end - seq.num_prefilled
+        admitted: list[Sequence] = []
+        while (budget > 0 and self.waiting and len(self.running) + len(admitted) < self.config.max_num_seqs
+               and self.runner.cache.num_free > 0):
+            seq = self.waiting.popleft()
             self.runner.add(seq)
             seq.status = Status.RUNNING
-            budget -= len(seq.prompt_ids)
+            end = min(len(seq.prompt_ids), budget)
+            chunks.append((seq, 0, end))
+            budget -= end
             admitted.append(seq)
-        return admitted
+        return chunks, admitted
 
     def step(self) -> list[StepOutput]:
-        prefills = self._admit()
-        decodes = list(self.running)
-        if not prefills and not decodes:
+        decodes = [s for s in self.running if s.prefilled]
+        chunks, admitted = self._prefill_chunks()
+        if not chunks and not decodes:
             return []
         # Admitted before the forward, so that after a failed step every request it
         # touched is in `running` and can be aborted (freeing its slot).
-        self.running.extend(prefills)
+        self.running.extend(admitted)
         t0 = time.perf_counter()
-        emitted = self.runner.step(prefills, decodes)
+        emitted = self.runner.step(chunks, decodes)
         if self.step_watch is not None:
             self.step_watch.record(self.runner.last_forward_tokens, self.runner.last_drafted_requests,
                                    time.perf_counter() - t0)
         outputs = []
-        for seq in decodes + prefills:
+        for seq in decodes + [s for s, _, end in chunks if end == len(s.prompt_ids)]:
             new = self._append(seq, emitted[seq.request_id])
             outputs.append(StepOutput(seq, new, seq.is_finished))
         self.running = [s for s in self.running if not s.is_finished]

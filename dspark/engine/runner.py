@@ -139,25 +139,29 @@ class SpecRunner:
         return lengths, tokens, logits
 
     @torch.inference_mode()
-    def step(self, prefills: list[Sequence], decodes: list[Sequence]) -> dict[object, list[int]]:
+    def step(self, prefills: list[tuple[Sequence, int, int]], decodes: list[Sequence]) -> dict[object, list[int]]:
         """Advance every sequence by one round; returns request_id -> emitted tokens.
-        The phases: draft and choose lengths, prepare the flat batch, one target
-        forward, verify, commit (cache, sequences, drafter context)."""
+        `prefills` are (sequence, start, end) prompt chunks; a sequence emits its first
+        token with its last chunk. The phases: draft and choose lengths, prepare the
+        flat batch, one target forward, verify, commit (cache, sequences, drafter
+        context)."""
         lengths, draft_tokens, draft_logits = self._verify_lengths(decodes)
         prepared = self._prepare(prefills, decodes, lengths, draft_tokens)
         if prepared is None:
             return {}
         batch, tokens = prepared
         logits, hidden = self.model(batch, self.cache, self.hidden_layers)
-        seqs = decodes + prefills
-        result = self._verify(logits, seqs, lengths + [0] * len(prefills), draft_tokens, draft_logits)
+        finishing = [s for s, _, end in prefills if end == len(s.prompt_ids)]
+        result = self._verify(logits, decodes + finishing, lengths + [0] * len(finishing), draft_tokens,
+                              draft_logits)
         self._observe(decodes, lengths, result.num_accepted[: len(decodes)])
-        return self._commit(seqs, len(decodes), tokens, lengths, batch, result, hidden)
+        return self._commit(decodes, prefills, tokens, lengths, batch, result, hidden)
 
-    def _prepare(self, prefills: list[Sequence], decodes: list[Sequence], lengths: list[int],
+    def _prepare(self, prefills: list[tuple[Sequence, int, int]], decodes: list[Sequence], lengths: list[int],
                  draft_tokens: torch.Tensor | None) -> tuple[FlatBatch, list[list[int]]] | None:
         """The flat batch of one forward: each decode's anchor and the drafts it
-        verifies (all of their logits), each prefill's prompt (its last logits)."""
+        verifies (all of their logits), each prompt chunk (the last logits of a
+        prompt's last chunk)."""
         tokens: list[list[int]] = []
         starts: list[int] = []
         slots: list[int] = []
@@ -170,12 +174,13 @@ class SpecRunner:
             slots.append(s.slot)
             logit_rows.extend(range(row, row + L + 1))
             row += L + 1
-        for s in prefills:
-            tokens.append(list(s.prompt_ids))
-            starts.append(0)
+        for s, start, end in prefills:
+            tokens.append(s.prompt_ids[start:end])
+            starts.append(start)
             slots.append(s.slot)
-            row += len(s.prompt_ids)
-            logit_rows.append(row - 1)
+            row += end - start
+            if end == len(s.prompt_ids):
+                logit_rows.append(row - 1)
         if not tokens:
             return None
         self.last_forward_tokens = row
@@ -212,31 +217,36 @@ class SpecRunner:
         if self._confidence is not None:
             self.calibration.observe(self._confidence, lengths, accepted)
 
-    def _commit(self, seqs: list[Sequence], num_decodes: int, tokens: list[list[int]], lengths: list[int],
-                batch: FlatBatch, result, hidden: torch.Tensor | None) -> dict[object, list[int]]:
+    def _commit(self, decodes: list[Sequence], prefills: list[tuple[Sequence, int, int]], tokens: list[list[int]],
+                lengths: list[int], batch: FlatBatch, result, hidden: torch.Tensor | None) -> dict[object, list[int]]:
         """Keep what was accepted: the cache rolled back past it, the sequences
-        advanced, the drafter fed the accepted tokens' hidden states."""
+        advanced, the drafter fed the accepted tokens' hidden states. A prompt chunk
+        that is not its prompt's last emits nothing."""
         emitted: dict[object, list[int]] = {}
         ctx_ids, ctx_tokens, ctx_starts, ctx_rows = [], [], [], []
-        for i, s in enumerate(seqs):
-            a = result.num_accepted[i]
-            out = result.output_tokens[i]
+        r = 0  # index into the verification result: decodes, then prompts' last chunks
+        for i, s in enumerate(decodes + [p[0] for p in prefills]):
             first = batch.cu_seqlens[i]
-            if i < num_decodes:
+            if i < len(decodes):
+                a = result.num_accepted[r]
                 kept = tokens[i][: a + 1]  # anchor + accepted drafts now have target states
                 self.cache.truncate(s.slot, s.num_cached + a + 1)
                 ctx_starts.append(s.num_cached)
                 s.num_cached += a + 1
                 s.stats.record(lengths[i], a)
             else:
+                _, start, end = prefills[i - len(decodes)]
                 kept = tokens[i]
-                ctx_starts.append(0)
-                s.num_cached = len(kept)
+                ctx_starts.append(start)
+                s.num_cached = s.num_prefilled = end
             ctx_ids.append(s.request_id)
             ctx_tokens.append(kept)
             ctx_rows.extend(range(first, first + len(kept)))
-            s.anchor = out[-1]
-            emitted[s.request_id] = out
+            if s.prefilled:
+                out = result.output_tokens[r]
+                r += 1
+                s.anchor = out[-1]
+                emitted[s.request_id] = out
         if self.drafter is not None:
             self._feed_drafter(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
         return emitted

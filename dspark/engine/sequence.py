@@ -93,6 +93,12 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     #: position of the anchor == tokens in the target KV cache
     num_cached: int = 0
+    #: prompt tokens already in the KV cache (a long prompt is prefilled in chunks)
+    num_prefilled: int = 0
+
+    @property
+    def prefilled(self) -> bool:
+        return self.num_prefilled == len(self.prompt_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -128,7 +128,8 @@ class DecoderLayer(nn.Module):
 class _AttnPlan:
     """How one forward's attention runs, shared by every layer.
 
-    Requests are padded to the longest query of their group. A prefill next to
+    fp32 on a CPU with the native kernels: one kernel call per layer for all tokens
+    (`cpu_kernels.attention_f32`). Otherwise, torch: requests are padded to the longest query of their group. A prefill next to
     decodes would pad every decode to the prompt's length (and push the whole batch
     off the grouped short-query path), so a batch that mixes short requests (at most
     GROUPED_MAX_QUERIES new tokens: decodes, verifications) with long ones (prefills)
@@ -143,20 +144,21 @@ class _AttnPlan:
                                                torch.tensor(lens, dtype=torch.long, device=device))
         self.token_slots = slots[req_of_token]
         self.positions = batch.positions
+        self.kv_len = max(batch.positions.tolist()) + 1
+        # native: every token goes through the fp32 CPU kernel, which writes the cache
+        # and attends straight from it (no padding, no mask), the same way for a token
+        # whatever shares its step: prefill chunks, verifications and decodes agree bit
+        # for bit with unbatched work.
+        self.native = native
+        if native:
+            self.groups = []
+            return
         short = [i for i, n in enumerate(lens) if n <= GROUPED_MAX_QUERIES]
-        long = [i for i, n in enumerate(lens) if n > GROUPED_MAX_QUERIES]
-        # native: the short requests' tokens go through the fp32 CPU kernel, which
-        # writes and attends in one call, straight from the cache (no padding).
-        self.native_rows: torch.Tensor | None = None
-        if native and short:
-            self.native_rows = None if not long else _rows_of(batch, short, device)
-            self.groups = [] if not long else [_sub_layout(batch, long, device, num_slots)]
-        elif not short or not long:
+        if not short or len(short) == len(lens):
             self.groups = [(None, _AttnLayout(batch, device, num_slots))]
         else:
+            long = [i for i, n in enumerate(lens) if n > GROUPED_MAX_QUERIES]
             self.groups = [_sub_layout(batch, idx, device, num_slots) for idx in (short, long)]
-        self.native = native and bool(short)
-        self.kv_len = max(batch.positions.tolist()) + 1
 
     def write_and_attend(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """qkv [N, (heads + 2 kv_heads) * head_dim] of the batch's tokens, rotary
@@ -164,23 +166,12 @@ class _AttnPlan:
         attention output [N, heads, head_dim]."""
         kvh, d = k_cache.shape[1], k_cache.shape[3]
         heads = qkv.shape[1] // d - 2 * kvh
-        if self.native and not self.groups:
+        if self.native:
             return cpu_kernels.attention_f32(qkv, heads, k_cache, v_cache, self.token_slots, self.positions)
-        n = qkv.shape[0]
-        q, k, v = qkv.view(n, heads + 2 * kvh, d).split([heads, kvh, kvh], dim=1)
-        if not self.native:
-            k_cache[self.token_slots, :, self.positions] = k
-            v_cache[self.token_slots, :, self.positions] = v
-            return self.attend(q, k_cache, v_cache)
-        out = q.new_empty(n, heads, d)
-        rows = self.native_rows
-        out[rows] = cpu_kernels.attention_f32(qkv[rows], heads, k_cache, v_cache, self.token_slots[rows],
-                                              self.positions[rows])
-        (rows, lay), = self.groups
-        k_cache[self.token_slots[rows], :, self.positions[rows]] = k[rows]
-        v_cache[self.token_slots[rows], :, self.positions[rows]] = v[rows]
-        out[rows] = lay.attend(q.index_select(0, rows), k_cache, v_cache)
-        return out
+        q, k, v = qkv.view(qkv.shape[0], heads + 2 * kvh, d).split([heads, kvh, kvh], dim=1)
+        k_cache[self.token_slots, :, self.positions] = k
+        v_cache[self.token_slots, :, self.positions] = v
+        return self.attend(q, k_cache, v_cache)
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q [N, heads, head_dim] of the batch's tokens -> attention output, same shape."""
@@ -192,17 +183,11 @@ class _AttnPlan:
         return out
 
 
-def _rows_of(batch: FlatBatch, requests: list[int], device: torch.device) -> torch.Tensor:
-    """The token rows of `requests` in `batch`."""
-    cu = batch.cu_seqlens
-    return torch.cat([torch.arange(cu[i], cu[i + 1], device=device) for i in requests])
-
-
 def _sub_layout(batch: FlatBatch, requests: list[int], device: torch.device,
                 num_slots: int | None) -> tuple[torch.Tensor, "_AttnLayout"]:
     """The token rows of `requests` in `batch` and the layout of those requests alone."""
     cu = batch.cu_seqlens
-    rows = _rows_of(batch, requests, device)
+    rows = torch.cat([torch.arange(cu[i], cu[i + 1], device=device) for i in requests])
     sub_cu = [0]
     for i in requests:
         sub_cu.append(sub_cu[-1] + cu[i + 1] - cu[i])
@@ -430,7 +415,8 @@ class Transformer(nn.Module):
             cache.check_room(s, first + (b - a) - cache.lengths[s])
         self.ensure_rope(cache.max_len)
         layout = _AttnPlan(batch, self.device, cache.num_slots, native=self._native_attention(cache))
-        cache.ensure_initialized(layout.kv_len)
+        if not layout.native:  # the native kernel never reads past a slot's length
+            cache.ensure_initialized(layout.kv_len)
         x = self.embed(batch.input_ids)
         dtype = x.dtype
         cos = self.rope_cos[batch.positions].to(dtype)

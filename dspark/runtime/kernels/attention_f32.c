@@ -1,4 +1,5 @@
-/* Attention of a few new tokens per request over an fp32 KV cache, for AVX2 + FMA.
+/* Causal attention of a step's new tokens over an fp32 KV cache, for AVX2 + FMA:
+ * decodes, verifications and prefills alike.
  *
  * Every token of a decode or verification step carries its KV slot and absolute
  * position. The kernel first writes each token's key and value into the cache, then
@@ -60,7 +61,21 @@ static void attend_group(const float *q, const float *keys, const float *values,
     for (int64_t h = 0; h < g; h++) {
         const float *qh = q + h * D;
         float *wh = w + h * n8;
-        for (int64_t j = 0; j < n; j++) {
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) { /* eight independent chains; each score as below */
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(qh + d);
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++)
+                    acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (j + i) * D + d), acc[i]);
+            }
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) wh[j + i] = hsum8(acc[i]) * scale;
+        }
+        for (; j < n; j++) {
             const float *kj = keys + j * D;
             __m256 acc = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8)
@@ -124,7 +139,7 @@ int dspark_attention_f32(const float *qkv, int64_t row, float *k_cache, float *v
 #pragma omp parallel num_threads(threads)
     {
         float *w = (float *)malloc(sizeof(float) * g * ((longest + 7) & ~(int64_t)7));
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1) /* round robin: a prefill's later tokens see more keys */
         for (int64_t it = 0; it < items; it++) {
             const int64_t t = it / KVH, kh = it % KVH;
             const int64_t base = (slots[t] * KVH + kh) * L * D;
