@@ -1,11 +1,16 @@
 """Native CPU kernels, compiled on first use with the system C compiler.
 
-`gemm_bf16w` (kernels/gemm_bf16w.c): fp32 activations times bf16 weights with fp32
-accumulation, AVX2 + FMA. It is the `bf16w` precision of the runtime: on CPUs
-without avx512_bf16, torch has no fast bf16 matmul (its bf16 kernels are slower than
-fp32 there), while decode is bound by reading the weights; this kernel reads half
-the bytes of fp32 and computes each output element the same way whatever the batch,
-so verification and one-token decoding agree bit for bit.
+- `gemm_bf16w` (kernels/gemm_bf16w.c): fp32 activations times bf16 weights with fp32
+  accumulation, AVX2 + FMA, the weights pre-packed (`PackedBf16`). It is the `bf16w`
+  precision of the runtime: on CPUs without avx512_bf16, torch has no fast bf16
+  matmul (its bf16 kernels are slower than fp32 there), while decode is bound by
+  reading the weights; this kernel reads half the bytes of fp32.
+- `attention_f32` (kernels/attention_f32.c): writes a step's keys and values into the
+  KV cache and attends, each token over its own slot's positions.
+- `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_` (kernels/elementwise_f32.c).
+
+Each computes a row the same way whatever the batch, so verification, chunked prefill
+and one-token decoding agree bit for bit.
 
 The shared library is built once per source version into
 `$DSPARK_CACHE_DIR/kernels` (default `~/.cache/dspark/kernels`) with
@@ -71,7 +76,8 @@ def _build(target: Path) -> None:
 def build_id() -> str:
     """A digest of the kernels' sources and flags: names the built library, and keys
     caches of measurements that depend on the kernels (step-time tables)."""
-    return hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    sources = [*_SOURCES, *sorted(_SOURCES[0].parent.glob("*.h"))]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sources) + " ".join(_FLAGS).encode()).hexdigest()[:16]
 
 
 def load() -> ctypes.CDLL | None:

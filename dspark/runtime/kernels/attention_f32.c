@@ -22,36 +22,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "simd_f32.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
-
-/* exp(x) for x <= 0 to about 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
- * polynomial for exp(r) (the classic single-precision minimax coefficients) times 2^n. */
-static inline __m256 exp_nonpos(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    __m256 r2 = _mm256_mul_ps(r, r);
-    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 /* One token, the `g` query heads of one KV head. q: [g][D]; out: [g][D];
  * keys/values: [n][D]; w: scratch of g * n floats (rounded up to 8). */
@@ -87,7 +62,7 @@ static void attend_group(const float *q, const float *keys, const float *values,
         for (int64_t j = n; j < n8; j++) wh[j] = -1e30f; /* exp -> 0 in the padding */
         __m256 vmx = _mm256_set1_ps(mx), vsum = _mm256_setzero_ps();
         for (int64_t j = 0; j < n8; j += 8) {
-            __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(wh + j), vmx));
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(wh + j), vmx));
             e = j + 8 <= n ? e : _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
                     _mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
             _mm256_storeu_ps(wh + j, e);
