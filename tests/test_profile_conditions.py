@@ -114,6 +114,31 @@ def test_step_watch_falls_back_to_fewer_threads_and_returns(monkeypatch, capsys)
         torch.set_num_threads(threads)
 
 
+def test_step_watch_without_a_table_falls_back_against_its_fastest_steps(monkeypatch, capsys):
+    """Plain decoding has no profile: a step is compared with the fastest step of its
+    size seen so far, and the same thread fallback follows."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        watch = StepWatch(None, window=4, factor=3.0, recheck=3)
+        busy = {"now": 1.0}
+        monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: busy["now"])
+        monkeypatch.setattr(profiler, "usable_cpus", lambda: 2)
+        for seconds in (0.020, 0.018, 0.021, 0.019, 0.200):  # a 100-token prefill: another size
+            watch.record(1 if seconds < 0.1 else 100, 1, seconds)
+        assert torch.get_num_threads() == 2 and watch.slow_windows == 0
+        for _ in range(8):  # two windows: the first still holds the quick steps
+            watch.record(1, 1, 0.090)  # 5x its fastest one-token step, a core taken
+        assert watch.slow_windows == 1 and watch.fallbacks == 1 and torch.get_num_threads() == 1
+        busy["now"] = 0.0
+        for _ in range(3):
+            watch.record(1, 1, 0.030)
+        assert torch.get_num_threads() == 2 and not watch.reduced
+        assert "using 1 thread(s)" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_step_watch_rescales_a_table_that_drifted(monkeypatch, capsys):
     table = StepTimeTable.synthetic(base_ms=10, knee=16, per_token_ms=0.5, max_tokens=256)
     before = [table.target_time(n) for n in (1, 8, 64)]

@@ -64,9 +64,11 @@ class LLMEngine:
         self.policy = policy
         self.step_table = step_table
         self.step_watch = None
-        if step_table is not None and target.device.type == "cpu":
+        if target.device.type == "cpu":
             from dspark.profiling.watch import StepWatch
 
+            # with a table: against the profile (and it keeps the table true); without
+            # one (plain decoding): against the fastest steps seen so far
             self.step_watch = StepWatch(step_table)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []

@@ -15,7 +15,12 @@ class StepWatch:
     exceeds `factor` (another process took a core, the typical cause), the CPU time of
     other processes is probed and torch falls back to the threads that fit beside it;
     once that load is gone again (probed every `recheck` steps), the threads return.
-    `slow_windows` counts windows that ran slow, `fallbacks` thread reductions."""
+    `slow_windows` counts windows that ran slow, `fallbacks` thread reductions.
+
+    Without a table (plain decoding has no scheduler and so no profile), a step is
+    compared with the fastest step seen so far of about the same size (token counts
+    bucketed by powers of two): the same fallback, measured against the process's own
+    best instead of a profile."""
 
     #: steps whose median ratio (measured / table) decides a refresh, and the bound:
     #: a ratio outside [1 / DRIFT_BOUND, DRIFT_BOUND] with no other load on the CPU
@@ -23,8 +28,9 @@ class StepWatch:
     DRIFT_WINDOW = 128
     DRIFT_BOUND = 1.5
 
-    def __init__(self, table, window: int = 16, factor: float = 3.0, recheck: int = 256, quiet: bool = False):
+    def __init__(self, table=None, window: int = 16, factor: float = 3.0, recheck: int = 256, quiet: bool = False):
         self.table = table
+        self._best: dict[int, float] = {}  # without a table: fastest step per size bucket
         self.drift_ratios: list[float] = []
         self.refreshes = 0
         self.window = window
@@ -33,7 +39,8 @@ class StepWatch:
         self.quiet = quiet
         self.ratios: list[float] = []
         # the threads asked for (a profile on a busy machine may have started with fewer)
-        self.threads = int((table.conditions or {}).get("threads_requested") or torch.get_num_threads())
+        conditions = (table.conditions or {}) if table is not None else {}
+        self.threads = int(conditions.get("threads_requested") or torch.get_num_threads())
         self.reduced = torch.get_num_threads() < self.threads
         self.steps_since_probe = 0
         self.slow_windows = 0
@@ -59,12 +66,20 @@ class StepWatch:
 
         if n_tokens <= 0:
             return
-        predicted = self.table.step_time(n_tokens, n_requests)
-        if predicted > 0:
-            self.ratios.append(seconds / predicted)
-            self.drift_ratios.append(seconds / predicted)
-            if len(self.drift_ratios) >= self.DRIFT_WINDOW:
-                self._check_drift()
+        if self.table is not None:
+            predicted = self.table.step_time(n_tokens, n_requests)
+            if predicted > 0:
+                self.ratios.append(seconds / predicted)
+                self.drift_ratios.append(seconds / predicted)
+                if len(self.drift_ratios) >= self.DRIFT_WINDOW:
+                    self._check_drift()
+        else:
+            bucket = max(0, n_tokens - 1).bit_length()
+            best = self._best.get(bucket)
+            if best is not None:
+                self.ratios.append(seconds / best)
+            if not self.reduced and (best is None or seconds < best):
+                self._best[bucket] = seconds  # only full-thread steps set the reference
         self.steps_since_probe += 1
         if self.reduced and self.steps_since_probe >= self.recheck:
             self.steps_since_probe = 0
