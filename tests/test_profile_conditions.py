@@ -120,10 +120,11 @@ def test_step_watch_without_a_table_falls_back_against_its_fastest_steps(monkeyp
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        watch = StepWatch(None, window=4, factor=3.0, recheck=3)
-        busy = {"now": 1.0}
+        busy = {"now": 0.0}
         monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: busy["now"])
         monkeypatch.setattr(profiler, "usable_cpus", lambda: 2)
+        watch = StepWatch(None, window=4, factor=3.0, recheck=3)  # a quiet start: all threads
+        busy["now"] = 1.0
         for seconds in (0.020, 0.018, 0.021, 0.019, 0.200):  # a 100-token prefill: another size
             watch.record(1 if seconds < 0.1 else 100, 1, seconds)
         assert torch.get_num_threads() == 2 and watch.slow_windows == 0
@@ -135,6 +136,9 @@ def test_step_watch_without_a_table_falls_back_against_its_fastest_steps(monkeyp
             watch.record(1, 1, 0.030)
         assert torch.get_num_threads() == 2 and not watch.reduced
         assert "using 1 thread(s)" in capsys.readouterr().err
+        busy["now"] = 1.0  # started beside another process: fewer threads from the first step
+        late = StepWatch(None)
+        assert late.reduced and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
 

@@ -45,6 +45,22 @@ class StepWatch:
         self.steps_since_probe = 0
         self.slow_windows = 0
         self.fallbacks = 0
+        if table is None:
+            self._fit_threads_to_load()
+
+    def _fit_threads_to_load(self) -> None:
+        """Without a table the fastest steps are the reference, so they must not be
+        measured beside another process: probe the load once, before the first step
+        (a profile does the same before it measures)."""
+        from dspark.profiling.measure import busy_cores, threads_for_load
+
+        busy = busy_cores(0.1)
+        fit = threads_for_load(torch.get_num_threads(), busy)
+        if fit < torch.get_num_threads():
+            torch.set_num_threads(fit)
+            self.reduced = True
+            self.fallbacks += 1
+            _say(f"other processes keep {busy:.1f} CPU cores busy: using {fit} thread(s)", self.quiet)
 
     def _check_drift(self) -> None:
         from dspark.profiling.measure import busy_cores
