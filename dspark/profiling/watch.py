@@ -48,19 +48,23 @@ class StepWatch:
         if table is None:
             self._fit_threads_to_load()
 
-    def _fit_threads_to_load(self) -> None:
-        """Without a table the fastest steps are the reference, so they must not be
-        measured beside another process: probe the load once, before the first step
-        (a profile does the same before it measures)."""
+    def _fit_threads_to_load(self, why: str = "") -> tuple[bool, float | None]:
+        """Probe the other processes' load and drop to the threads that fit beside it.
+        Without a table this runs once before the first step too: the fastest steps are
+        the reference then, so they must not be measured beside another process (a
+        profile probes the same way before it measures). Returns (reduced, busy)."""
         from dspark.profiling.measure import busy_cores, threads_for_load
 
         busy = busy_cores(0.1)
         fit = threads_for_load(torch.get_num_threads(), busy)
-        if fit < torch.get_num_threads():
-            torch.set_num_threads(fit)
-            self.reduced = True
-            self.fallbacks += 1
-            _say(f"other processes keep {busy:.1f} CPU cores busy: using {fit} thread(s)", self.quiet)
+        if fit >= torch.get_num_threads():
+            return False, busy
+        torch.set_num_threads(fit)
+        self.reduced = True
+        self.fallbacks += 1
+        self.steps_since_probe = 0
+        _say(f"{why}other processes keep {busy:.1f} CPU cores busy: using {fit} thread(s)", self.quiet)
+        return True, busy
 
     def _check_drift(self) -> None:
         from dspark.profiling.measure import busy_cores
@@ -111,15 +115,8 @@ class StepWatch:
         if ratio <= self.factor:
             return
         self.slow_windows += 1
-        busy = busy_cores(0.1)
-        fit = threads_for_load(torch.get_num_threads(), busy)
-        if fit < torch.get_num_threads():
-            torch.set_num_threads(fit)
-            self.reduced = True
-            self.fallbacks += 1
-            self.steps_since_probe = 0
-            _say(f"steps ran {ratio:.1f}x slower than the step-time table with other processes on "
-                 f"{busy:.1f} cores: using {fit} thread(s)", self.quiet)
-        else:
-            _say(f"steps ran {ratio:.1f}x slower than the step-time table (other processes on "
-                 f"{0.0 if busy is None else busy:.1f} cores); the scheduler's costs are off", self.quiet)
+        reference = "the step-time table" if self.table is not None else "the fastest steps so far"
+        reduced, busy = self._fit_threads_to_load(f"steps ran {ratio:.1f}x slower than {reference}; ")
+        if not reduced:
+            _say(f"steps ran {ratio:.1f}x slower than {reference} (other processes on "
+                 f"{0.0 if busy is None else busy:.1f} cores); the scheduler's costs are offthe scheduler's costs are off", self.quiet)
