@@ -443,3 +443,35 @@ def test_default_model_trains_a_few_steps(default_target, tmp_path):
         log = _log(out)
         assert all(math.isfinite(r["loss"]) for r in log) and "accept_rate@1" in log[-1]
         assert load_drafter(out, default_target.model).method == method
+
+
+def test_init_from_target_copies_the_last_layers(tiny_dir, tiny_target):
+    """`--init target`: drafter layer j computes what target layer L-N+j computes, and the
+    injected values of drafter layer 0 are the values target layer L-N computes from its
+    input, the tapped output of layer L-N-1 (checked against transformers)."""
+    from transformers import LlamaForCausalLM
+
+    from dspark.drafters import create_drafter
+    from dspark.errors import UserError
+    from dspark.train.init import init_from_target
+
+    hf = LlamaForCausalLM.from_pretrained(str(tiny_dir), torch_dtype=torch.float32).eval()
+    d = create_drafter("dspark", tiny_target, seed=1, dtype=torch.float32, markov_rank=8, block_size=5,
+                       num_hidden_layers=2, target_layer_ids=[0, 1, 3])
+    lines = init_from_target(d, tiny_target.model)
+    assert any("layer 0 <- target layer 2" in x for x in lines)
+    ids = torch.randint(3, TINY_VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        states = hf(ids, output_hidden_states=True).hidden_states  # [0] = embeddings, [l + 1] = layer l
+        taps = torch.stack([states[t + 1] for t in d.target_layer_ids], dim=-2)  # [1, 9, taps, H]
+        feats = d.context_features(taps)
+        ref_layer = hf.model.layers[2]
+        torch.testing.assert_close(d.layers[0].self_attn.v_proj(feats),
+                                   ref_layer.self_attn.v_proj(ref_layer.input_layernorm(states[2])))
+        x = torch.randn(5, 64)
+        torch.testing.assert_close(d.layers[1].mlp(x), hf.model.layers[3].mlp(x))
+        torch.testing.assert_close(d.layers[1].self_attn.q_proj(x), hf.model.layers[3].self_attn.q_proj(x))
+    wrong_taps = create_drafter("dspark", tiny_target, seed=1, dtype=torch.float32, markov_rank=8,
+                                block_size=5, num_hidden_layers=2, target_layer_ids=[0, 3])
+    with pytest.raises(UserError, match="needs target layer 1"):
+        init_from_target(wrong_taps, tiny_target.model)

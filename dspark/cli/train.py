@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="DeepSpec's block convention (dspark/dflash): the anchor slot drafts the next token, so a "
                         "block of B slots drafts B tokens (default: the block is the anchor plus B-1 mask slots "
                         "that draft B-1 tokens); saved as sample_from_anchor, which the converters read")
+    s.add_argument("--init", choices=["random", "target"], default="random",
+                   help="dspark/dflash: start the layers as copies of the target's last layers and fc as a "
+                        "selection of the tap that feeds them (needs the drafter's sizes equal to the "
+                        "target's and that tap among --target-layer-ids) (default: %(default)s)")
     s.add_argument("--ttt-steps", type=int, default=7, help="eagle3 training-time-test steps (default: %(default)s)")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default: %(default)s)")
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         target_layer_ids=parse_layer_ids(args.target_layer_ids), ttt_steps=args.ttt_steps,
         epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         blocks_per_seq=args.blocks_per_seq, draft_vocab_size=args.draft_vocab_size,
-        sample_from_anchor=args.sample_from_anchor,
+        sample_from_anchor=args.sample_from_anchor, init=args.init,
         teacher_topk=args.teacher_topk, position_decay=args.position_decay, save_every_min=args.save_every_min,
         eval_data=args.eval_data, early_stop_evals=args.early_stop_evals, lr=args.lr, warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed, precision=args.precision,

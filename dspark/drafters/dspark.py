@@ -109,6 +109,21 @@ class DSparkDrafter(KVDrafter):
             x, _, _ = layer(x, cos, sin, ck, cv, mask)
         return x
 
+    def run_backbone_blocks(
+        self,
+        x: torch.Tensor,  # [B, A*Q, hidden] embeddings of A blocks
+        positions: torch.Tensor,  # [B, A*Q] absolute positions of the queries
+        context_kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [B, kv_heads, S, head_dim]
+        ctx_mask: torch.Tensor,  # [B, A, S] bool: the context keys each block sees
+    ) -> torch.Tensor:
+        """`run_backbone` for training over many independent blocks: each block attends
+        to its allowed context and to itself only. [B, A*Q, hidden] before `norm`."""
+        cos, sin = self.rotary(positions, x.dtype)
+        a = ctx_mask.shape[1]
+        for layer, (ck, cv) in zip(self.layers, context_kv):
+            x = layer.forward_blocks(x, cos, sin, ck, cv, ctx_mask, a)
+        return x
+
     def head_outputs(
         self,
         hidden: torch.Tensor,  # [..., K, hidden] normed backbone output at block positions 1..K

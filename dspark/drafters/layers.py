@@ -79,18 +79,53 @@ class Attention(nn.Module):
         past_v: torch.Tensor | None,
         mask: torch.Tensor | None,  # [B, 1, Q, K + Q] bool, True = may attend
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        q = self.q_proj(x).unflatten(-1, (cfg.num_heads, cfg.head_dim))  # [B, Q, heads, hd]
-        if cfg.qk_norm:
-            q = self.q_norm(q)
-        q = apply_rope(q, cos, sin).transpose(1, 2)  # [B, heads, Q, hd]
-        k, v = self.project_kv(x, cos, sin)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, kv_heads, Q, hd]
+        q, k, v = self._qkv(x, cos, sin)
         keys = k if past_k is None else torch.cat([past_k, k], dim=2)
         values = v if past_v is None else torch.cat([past_v, v], dim=2)
         o = attention(q, keys, values, mask)
         o = o.transpose(1, 2).flatten(2)  # [B, Q, q_size]
         return self.o_proj(o), k, v
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Queries [B, heads, Q, hd], keys and values [B, kv_heads, Q, hd]."""
+        cfg = self.cfg
+        q = self.q_proj(x).unflatten(-1, (cfg.num_heads, cfg.head_dim))  # [B, Q, heads, hd]
+        if cfg.qk_norm:
+            q = self.q_norm(q)
+        q = apply_rope(q, cos, sin).transpose(1, 2)
+        k, v = self.project_kv(x, cos, sin)
+        return q, k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward_blocks(
+        self,
+        x: torch.Tensor,  # [B, A*Q, input_size]: A blocks of Q queries each
+        cos: torch.Tensor,  # [B, A*Q, head_dim]
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor,  # [B, kv_heads, S, head_dim] context keys shared by the blocks
+        ctx_v: torch.Tensor,
+        ctx_mask: torch.Tensor,  # [B, A, S] bool: the context keys block a may see
+        num_blocks: int,
+    ) -> torch.Tensor:
+        """Training attention of many blocks: each block sees the context keys its mask
+        allows and its own Q keys, never another block's. The same result as `forward`
+        with a block-diagonal mask over all blocks' keys, without scoring the A*Q x A*Q
+        pairs that mask throws away (a block needs Q x Q of them)."""
+        cfg = self.cfg
+        q, k, v = self._qkv(x, cos, sin)
+        b, kvh, d, a = q.shape[0], cfg.num_kv_heads, cfg.head_dim, num_blocks
+        g, nq, s = cfg.num_heads // kvh, x.shape[1] // num_blocks, ctx_k.shape[2]
+        qg = (q * d**-0.5).reshape(b, kvh, g, a, nq, d)
+        kb, vb = k.reshape(b, kvh, a, nq, d), v.reshape(b, kvh, a, nq, d)
+        s_ctx = torch.matmul(qg.reshape(b, kvh, g * a * nq, d), ctx_k.transpose(-1, -2))
+        s_ctx = s_ctx.view(b, kvh, g, a, nq, s).masked_fill(~ctx_mask.view(b, 1, 1, a, 1, s), float("-inf"))
+        s_own = torch.matmul(qg.transpose(2, 3), kb.unsqueeze(3).transpose(-1, -2))  # [B, kvh, A, g, Q, Q]
+        scores = torch.cat([s_ctx, s_own.transpose(2, 3)], dim=-1).float()  # [B, kvh, g, A, Q, S+Q]
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        p_ctx, p_own = probs.split([s, nq], dim=-1)
+        o = torch.matmul(p_ctx.reshape(b, kvh, g * a * nq, s), ctx_v).view(b, kvh, g, a, nq, d)
+        o = o + torch.matmul(p_own.transpose(2, 3), vb.unsqueeze(3)).transpose(2, 3)
+        o = o.reshape(b, cfg.num_heads, a * nq, d).transpose(1, 2).flatten(2)  # [B, A*Q, q_size]
+        return self.o_proj(o)
 
 
 class MLP(nn.Module):
@@ -142,6 +177,13 @@ class DrafterLayer(nn.Module):
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
+
+    def forward_blocks(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
+                       ctx_v: torch.Tensor, ctx_mask: torch.Tensor, num_blocks: int) -> torch.Tensor:
+        """`forward` for A independent blocks over shared context keys (training; see
+        `Attention.forward_blocks`): [B, A*Q, hidden] -> [B, A*Q, hidden]."""
+        x = x + self.self_attn.forward_blocks(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_mask, num_blocks)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 def attention_mask(

@@ -7,7 +7,8 @@ the target's logits at row a+k (teacher forcing: the target reads the data token
 
 * Block drafters (dspark, dflash): every block [anchor, mask, ..., mask] attends to
   the injected context features of positions < a and to itself (non-causal), all
-  blocks of a sequence in one backbone forward with a block-diagonal mask. Drafted
+  blocks of a sequence in one backbone forward (`run_backbone_blocks`: a block scores
+  its context and its own keys only, never another block's). Drafted
   token k comes from block slot k + 1 (slot k with `sample_from_anchor`). q_k
   includes the Markov bias of the TRUE previous token (the anchor for k = 0).
 * Eagle3: training-time test. Step 1 runs the causal drafter over every pair
@@ -103,13 +104,9 @@ def block_forward(drafter: DSparkDrafter, batch: AnchorBatch, hidden: torch.Tens
     block_ids = drafter.block_token_ids(tokens.gather(1, anchors))  # [B, A, Q]
     x = drafter.target.embed(block_ids, feats.dtype).flatten(1, 2)  # [B, A*Q, H]
     q_pos = (anchors.unsqueeze(-1) + torch.arange(q, device=dev)).flatten(1)  # [B, A*Q]
-    see_ctx = torch.arange(s, device=dev).view(1, 1, 1, s) < anchors.view(b, a, 1, 1)  # [B, A, 1, S]
-    see_ctx = see_ctx.expand(b, a, q, s).reshape(b, a * q, s)
-    block_of = torch.arange(a, device=dev).repeat_interleave(q)  # [A*Q]
-    see_self = (block_of.view(-1, 1) == block_of.view(1, -1)).expand(b, -1, -1)  # [B, A*Q, A*Q]
-    mask = torch.cat([see_ctx, see_self], dim=-1).unsqueeze(1)  # [B, 1, A*Q, S + A*Q]
+    see_ctx = torch.arange(s, device=dev).view(1, 1, s) < anchors.view(b, a, 1)  # [B, A, S]
     first = drafter.config.first_draft_slot
-    h = drafter.run_backbone(x, q_pos, context, mask).view(b, a, q, -1)[:, :, first : first + gamma]
+    h = drafter.run_backbone_blocks(x, q_pos, context, see_ctx).view(b, a, q, -1)[:, :, first : first + gamma]
     h = drafter.norm(h)  # [B, A, γ, H]
     valid = batch.valid
     rows = valid.any(-1)  # blocks with at least one label

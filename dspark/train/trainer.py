@@ -165,6 +165,12 @@ class Trainer:
                                           draft_token_ids=vocab, **sizes).train()
         except ValueError as e:
             raise UserError(str(e)) from None
+        if config.init == "target" and not config.resume:
+            from .init import init_from_target
+
+            for line in init_from_target(self.drafter, target.model):
+                if self.dist.is_main:
+                    print(f"[train] init: {line}", file=sys.stderr)
         self.gamma = num_positions(self.drafter, config)
         self.autocast = autocast_dtype(config.precision, self.device)
         decay = [p for p in self.drafter.parameters() if p.dim() >= 2]

@@ -1,0 +1,80 @@
+"""Start a block drafter from the target's own last layers instead of random weights.
+
+A DSpark/DFlash drafter whose layers have the target's shapes can begin as a copy of
+the target's last N decoder layers: drafter layer j <- target layer L - N + j. The
+context projection `fc` starts as a selection of one tap, the output of layer
+L - N - 1 (the input of the first copied layer), and `hidden_norm` as that layer's
+input norm, so the injected keys/values of drafter layer 0 are at the start exactly
+the keys/values target layer L - N computes from its input. The drafter's queries still
+start from the block's token embeddings, not from the target's residual stream, so
+this is a start near the target's own next-token computation, not a copy of it.
+
+Target layers store q/k/v and gate/up fused (`qkv_proj`, `gate_up_proj`); the drafter
+keeps the Hugging Face split. A Qwen3-style drafter's q/k norms (absent in a Llama
+target) start at one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.drafters.dspark import DSparkDrafter
+from dspark.errors import UserError
+from dspark.runtime.model import Transformer
+
+INIT_CHOICES = ("random", "target")
+
+
+def _dense(linear) -> torch.Tensor:
+    w = getattr(linear, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.is_meta:
+        raise UserError("--init target needs the target's dense weights (load it in fp32 or bf16)")
+    return w.detach().float()
+
+
+@torch.no_grad()
+def init_from_target(drafter, target: Transformer) -> list[str]:
+    """Copy the target's last layers into a block drafter; returns what was set, one
+    line each (for the training log). Raises UserError where the shapes do not fit."""
+    if not isinstance(drafter, DSparkDrafter):
+        raise UserError(f"--init target applies to dspark and dflash, not {drafter.method}")
+    tcfg, dcfg = target.cfg, drafter.layer_config
+    for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim"):
+        if getattr(tcfg, name) != getattr(dcfg, name):
+            raise UserError(f"--init target needs the drafter's {name} equal to the target's "
+                            f"({getattr(dcfg, name)} != {getattr(tcfg, name)})")
+    n, total = len(drafter.layers), len(target.layers)
+    first = total - n
+    taps = list(drafter.target_layer_ids)
+    source_tap = first - 1  # the output of this target layer is the first copied layer's input
+    if source_tap not in taps:
+        raise UserError(f"--init target with {n} drafter layers needs target layer {source_tap} among "
+                        f"--target-layer-ids (it feeds layer {first}); got {taps}")
+    done = []
+    for j, layer in enumerate(drafter.layers):
+        src = target.layers[first + j]
+        q, k, v = _dense(src.qkv_proj).split([tcfg.q_size, tcfg.kv_size, tcfg.kv_size], dim=0)
+        att = layer.self_attn
+        for dst, w in ((att.q_proj, q), (att.k_proj, k), (att.v_proj, v)):
+            dst.weight.copy_(w)
+        if tcfg.qkv_bias and att.q_proj.bias is not None:
+            bq, bk, bv = src.qkv_proj.bias.detach().float().split([tcfg.q_size, tcfg.kv_size, tcfg.kv_size])
+            att.q_proj.bias.copy_(bq), att.k_proj.bias.copy_(bk), att.v_proj.bias.copy_(bv)
+        att.o_proj.weight.copy_(_dense(src.o_proj))
+        gate, up = _dense(src.gate_up_proj).chunk(2, dim=0)
+        layer.mlp.gate_proj.weight.copy_(gate)
+        layer.mlp.up_proj.weight.copy_(up)
+        layer.mlp.down_proj.weight.copy_(_dense(src.down_proj))
+        layer.input_layernorm.weight.copy_(src.input_layernorm.weight.float())
+        layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight.float())
+        if tcfg.qk_norm and hasattr(att, "q_norm"):
+            att.q_norm.weight.copy_(src.q_norm.weight.float())
+            att.k_norm.weight.copy_(src.k_norm.weight.float())
+        done.append(f"drafter layer {j} <- target layer {first + j}")
+    h = tcfg.hidden_size
+    slot = taps.index(source_tap)
+    drafter.fc.weight.zero_()
+    drafter.fc.weight[:, slot * h:(slot + 1) * h] = torch.eye(h)
+    drafter.hidden_norm.weight.copy_(target.layers[first].input_layernorm.weight.float())
+    done.append(f"fc <- tap {slot} (target layer {source_tap}); hidden_norm <- layer {first}'s input norm")
+    return done
