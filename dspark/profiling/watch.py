@@ -119,4 +119,4 @@ class StepWatch:
         reduced, busy = self._fit_threads_to_load(f"steps ran {ratio:.1f}x slower than {reference}; ")
         if not reduced:
             _say(f"steps ran {ratio:.1f}x slower than {reference} (other processes on "
-                 f"{0.0 if busy is None else busy:.1f} cores); the scheduler's costs are offthe scheduler's costs are off", self.quiet)
+                 f"{0.0 if busy is None else busy:.1f} cores); the scheduler's costs are off", self.quiet)

@@ -68,23 +68,30 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
     return p
 
 
+#: CPU precisions whose kernels compute a token's row the same way whatever else shares
+#: the step (one fixed reduction order, no shape-dependent kernel choice), so that a
+#: verification step or a chunked prefill gives bit for bit the logits of decoding the
+#: tokens one by one. oneDNN's bf16 matmuls pick their blocking by shape, so `bf16` on a
+#: CPU is not among them: `auto` never picks it.
+BATCH_INVARIANT_CPU = ("bf16w", "fp32")
+
+NOT_INVARIANT_WARNING = (
+    "dtype bf16 on a CPU runs oneDNN kernels that choose their blocking by shape: a token's logits can "
+    "depend on what else shares its step, so greedy output with speculation, batching or chunked prefill "
+    "can differ from plain decoding at near-ties (use --dtype auto, bf16w or fp32 for exact output)")
+
+
 def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
-    """The fastest CPU precision for this model on this CPU, by a short measurement
-    (well under a second): a decode-sized (1 row) and a verification-sized (8 rows)
-    product with the model's MLP shape, for each precision that runs fast here
-    (bf16 only with avx512_bf16/AMX, bf16w where the native kernel builds, fp32
-    always). Returns (precision, a line saying what was measured)."""
+    """The fastest batch-invariant CPU precision for this model on this CPU, by a short
+    measurement (well under a second): a decode-sized (1 row) and a verification-sized
+    (8 rows) product with the model's MLP shape, for bf16w (where the native kernel
+    builds) and fp32. Returns (precision, a line saying what was measured)."""
     import time
 
     from . import cpu_kernels
-    from .model import _PackedLinearForward, _Bf16WeightLinearForward
+    from .model import _Bf16WeightLinearForward
 
-    candidates = ["fp32"]
-    if cpu_has_bf16():
-        candidates.append("bf16")
-    if cpu_kernels.available():
-        candidates.append("bf16w")
-    if len(candidates) == 1:
+    if not cpu_kernels.available():
         why = cpu_kernels.why_unavailable()
         return "fp32", "dtype auto: fp32" + (f" (bf16w unavailable: {why})" if why else "")
     gen = torch.Generator().manual_seed(0)
@@ -92,25 +99,22 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     xs = [torch.randn(m, cfg.hidden_size, generator=gen) for m in (1, 8)]
     ms: dict[str, float] = {}
     with torch.inference_mode():
-        for name in candidates:
+        for name in BATCH_INVARIANT_CPU:
             lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
-            lin.weight = torch.nn.Parameter(w.to(torch.bfloat16 if name != "fp32" else torch.float32),
+            lin.weight = torch.nn.Parameter(w.to(torch.bfloat16 if name == "bf16w" else torch.float32),
                                             requires_grad=False)
-            fwd = {"fp32": lin.forward, "bf16": _PackedLinearForward, "bf16w": _Bf16WeightLinearForward}[name]
-            fwd = fwd if name == "fp32" else fwd(lin)
-            inputs = [x.to(torch.bfloat16) if name == "bf16" else x for x in xs]
+            fwd = _Bf16WeightLinearForward(lin) if name == "bf16w" else lin.forward
             times = []
             for r in range(repeats + 2):
                 t0 = time.perf_counter()
-                for x in inputs:
+                for x in xs:
                     fwd(x)
                 if r >= 2:
                     times.append(time.perf_counter() - t0)
             ms[name] = sorted(times)[len(times) // 2] * 1e3
-    # Preference order bf16 > bf16w > fp32: the first within 10 % of the fastest, so a
-    # near-tie does not flip the precision (and the outputs) from one start to the next.
-    fastest = min(ms.values())
-    best = next(p for p in ("bf16", "bf16w", "fp32") if p in ms and ms[p] <= 1.1 * fastest)
+    # bf16w first unless fp32 is clearly faster, so a near-tie does not flip the
+    # precision (and the outputs) from one start to the next.
+    best = "bf16w" if ms["bf16w"] <= 1.1 * ms["fp32"] else "fp32"
     report = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(ms.items(), key=lambda kv: kv[1]))
     return best, f"dtype auto: {best} (decode-sized matmuls: {report})"
 
@@ -196,6 +200,8 @@ def load_transformer(
         precision, line = choose_precision(cfg)
         if log is not None:
             log(line)
+    elif precision == "bf16" and torch.device(device).type == "cpu" and log is not None:
+        log(NOT_INVARIANT_WARNING)
     dtype = _COMPUTE[precision]
     sd = fuse_hf_state_dict(cfg, read_safetensors_dir(path))
     with torch.device("meta"):
