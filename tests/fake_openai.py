@@ -53,8 +53,12 @@ def _handler(name: str, ms_per_token: float, machine: Machine) -> type[BaseHTTPR
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+            due = time.perf_counter()
             for i in range(n):
-                time.sleep(machine.token_time(ms_per_token / 1e3))
+                # each token is due a token time after the previous one was due, so a late
+                # wake-up (a busy machine) is made up by the next sleep instead of adding up
+                due += machine.token_time(ms_per_token / 1e3)
+                time.sleep(max(0.0, due - time.perf_counter()))
                 self._event({"choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]})
             self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
                          "usage": {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}})

@@ -234,7 +234,7 @@ def test_failed_dspark_serve_start(tmp_path, capsys):
 def test_short_sweep_none_and_ngram(tmp_path, capsys):
     out = tmp_path / "sweep"
     rc = main(["bench", "sweep", "--out", str(out), "--configs", "none", "ngram", "--concurrency", "1,2",
-               "--num-prompts", "2", "--num-warmups", "0", "--dataset", "math", "--max-tokens", "16",
+               "--rounds", "2", "--num-prompts", "2", "--num-warmups", "0", "--dataset", "math", "--max-tokens", "16",
                "--ignore-eos", "--tiers", "0.5,1000", "--disable-tqdm", "--grace-period", "10",
                "--server-args", "--max-model-len 512 --dtype fp32 --max-num-seqs 4 --log-interval 0"])
     assert rc == 0
@@ -247,7 +247,10 @@ def test_short_sweep_none_and_ngram(tmp_path, capsys):
     points = result["points"]
     assert [(p["config"], p["concurrency"]) for p in points] == [("none", 1), ("none", 2), ("ngram", 1),
                                                                    ("ngram", 2)]
+    assert result["order"] == [[0, "none", 1], [0, "ngram", 1], [0, "none", 2], [0, "ngram", 2],
+                               [1, "ngram", 1], [1, "none", 1], [1, "ngram", 2], [1, "none", 2]]
     for p in points:
+        assert p["rounds"] == 2
         run = p["runs"][0]
         assert run["completed"] == 2 and run["failed"] == 0 and run["total_output_tokens"] == 32
         assert run["config"]["max_concurrency"] == p["concurrency"]
@@ -260,7 +263,8 @@ def test_short_sweep_none_and_ngram(tmp_path, capsys):
     assert tiers[1000] == {"none": None, "ngram": None}
     md = (out / "sweep.md").read_text()
     assert "| ngram | 2 |" in md and "## SLA tiers" in md and "none cannot reach 1000" in md
-    assert "![pareto.png](pareto.png)" in md
+    assert "![pareto.png](pareto.png)" in md and "## Against none" in md
+    assert all(row["output_throughput"]["paired"] for row in result["ratios"])
     assert md in capsys.readouterr().out
     for c in result["configs"]:
         assert wait_gone(c["pid"]), f"server {c['name']} outlived the sweep"

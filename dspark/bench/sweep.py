@@ -107,7 +107,7 @@ class SweepConfig:
 
 def run_sweep(cfg: SweepConfig, log=None) -> dict:
     """Run the sweep, writing sweep.json, sweep.md and the plots into `cfg.out_dir`
-    after every round; returns what sweep.json holds."""
+    after every round (the plots at the end); returns what sweep.json holds."""
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def run_sweep(cfg: SweepConfig, log=None) -> dict:
                                 break
                         servers[name].stop()
             result["points"] = _points(cfg, runs, sweep_id)
-            write_report(result, cfg.out_dir)
+            write_report(result, cfg.out_dir, plots=False)  # an interrupted sweep keeps its finished rounds
     finally:
         for server in servers.values():
             server.stop()
@@ -185,13 +185,14 @@ def _points(cfg: SweepConfig, runs: dict[tuple[str, int], list[dict]], sweep_id:
             for s in cfg.configs for c in cfg.concurrencies if runs.get((s.name, c))]
 
 
-def write_report(result: dict, out_dir: Path) -> None:
-    """Recompute the Pareto marks, the tier table and the ratios of `result`, then write it."""
+def write_report(result: dict, out_dir: Path, plots: bool = True) -> None:
+    """Recompute the Pareto marks, the tier table and the ratios of `result`, then write
+    it (the plots too with `plots`)."""
     result["tiers"] = tier_table(result["points"], result["sweep"]["tiers"], [c["name"] for c in result["configs"]])
     mark_pareto(result["points"])
     ref = reference_name(result)
     result["ratios"] = ratio_table([p for p in result["points"] if usable_point(p)], ref) if ref else []
-    write_outputs(result, out_dir)
+    write_outputs(result, out_dir, plots)
 
 
 #: load settings that must agree for points of several sweeps to be compared

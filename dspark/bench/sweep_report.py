@@ -14,10 +14,10 @@ from .rounds import usable_point
 from .sweep_plots import plot_sweep
 
 
-def write_outputs(result: dict, out_dir: Path) -> None:
+def write_outputs(result: dict, out_dir: Path, plots: bool = True) -> None:
     out_dir = Path(out_dir)
     (out_dir / "sweep.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    plotted = plot_sweep(result, out_dir)
+    plotted = plot_sweep(result, out_dir) if plots else []
     (out_dir / "sweep.md").write_text(sweep_markdown(result, plotted))
 
 
