@@ -72,6 +72,20 @@ def test_paired_ratios_follow_each_round_not_the_medians():
     assert [(row["config"], row["concurrency"]) for row in rows] == [("b", 1)]  # a has no c=4 point
 
 
+def test_dominance_within_noise_compares_round_by_round():
+    from dspark.bench.sweep_report import dominance
+
+    # b beats a in every round, but the drift makes a's best round beat b's median
+    a = aggregate_runs("a", 1, [_run(100, 10, 0), _run(50, 5, 1), _run(90, 9, 2)], sweep_id="s1")
+    b = aggregate_runs("b", 1, [_run(110, 11, 0), _run(55, 5.5, 1), _run(99, 9.9, 2)], sweep_id="s1")
+    result = {"points": [a, b]}
+    assert dominance(result, "a", "b") == {"strict": [1], "within_noise": [1]}
+    assert dominance(result, "b", "a") == {"strict": [], "within_noise": []}
+    # from separate sweeps the best run stands in for the median, as before rounds
+    b["sweep_id"] = "s2"
+    assert dominance(result, "a", "b") == {"strict": [1], "within_noise": []}
+
+
 # --- sweeps against fake servers on a drifting machine --------------------------------------
 #: b is 1.25x a: 16 against 20 ms per token
 MS_A, MS_B = 20.0, 16.0

@@ -105,7 +105,8 @@ def usable_point(p: dict) -> bool:
     return p.get("per_user_tps") is not None and p.get("output_throughput") is not None
 
 
-def _per_round(point: dict, key: str) -> dict[int, float]:
+def per_round(point: dict, key: str) -> dict[int, float]:
+    """Round -> the point's figure `key` in that round (positive figures only)."""
     path = POINT_FIGURES[key]
     return {r["round"]: x for r in point.get("runs", [])
             if isinstance(r.get("round"), int) and (x := figure(r, path)) is not None and x > 0}
@@ -119,7 +120,7 @@ def paired_ratio(point: dict, base: dict, key: str) -> dict | None:
     if point.get(key) is None or not base.get(key):
         return None
     if point.get("sweep_id") is not None and point.get("sweep_id") == base.get("sweep_id"):
-        mine, theirs = _per_round(point, key), _per_round(base, key)
+        mine, theirs = per_round(point, key), per_round(base, key)
         rounds = sorted(set(mine) & set(theirs))
         if rounds:
             ratios = [mine[r] / theirs[r] for r in rounds]

@@ -55,7 +55,7 @@ def plot_sweep(result: dict, out_dir: Path) -> list[str]:
         mine = sorted((p for p in points if p["config"] == name), key=lambda p: p["concurrency"])
         ax.errorbar([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine],
                     yerr=_bars(mine, "output_throughput"), marker="o", label=name, capsize=3)
-    ax.set_xscale("log", base=2)
+    _concurrency_axis(ax, [p["concurrency"] for p in points])
     ax.set_ylim(bottom=0)
     _finish(plt, fig, ax, out_dir / CONCURRENCY_PNG, "concurrency (requests in flight)", "aggregate output tok/s",
             "Throughput against concurrency")
@@ -83,11 +83,19 @@ def _plot_ratios(plt, result: dict, path: Path) -> bool:
             ax.plot(*zip(*unpaired), "o", markersize=10, markerfacecolor="white",
                     markeredgecolor=line[0].get_color())
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xscale("log", base=2)
+    _concurrency_axis(ax, [r["concurrency"] for r in rows])
     ref = rows[0]["reference"]
     _finish(plt, fig, ax, path, "concurrency (requests in flight)", f"output tok/s / {ref}'s",
             f"Against {ref}: per-round ratios, median and min-max")
     return True
+
+
+def _concurrency_axis(ax, concurrencies: list[int]) -> None:
+    """Log-2 spacing, labelled with the concurrencies measured (not powers of two)."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(concurrencies))
+    ax.set_xticks(ticks, [str(c) for c in ticks])
+    ax.minorticks_off()
 
 
 def _finish(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:

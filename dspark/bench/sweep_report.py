@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .rounds import usable_point
+from .rounds import per_round, usable_point
 from .sweep_plots import plot_sweep
 
 
@@ -76,10 +76,11 @@ def sweep_markdown(result: dict, plots: list[str]) -> str:
 
 def _method_line(s: dict) -> str:
     rounds = sweep_rounds(s)
-    spread = " Figures: median [min-max] over rounds." if rounds > 1 else ""
     if "servers" not in s:  # written before rounds: every configuration in its turn, repeats back to back
+        spread = " Figures: median [min-max] over repeats." if rounds > 1 else ""
         return (f"{rounds} repeat(s) per point, the configurations one after another (not interleaved: "
                 f"drift of the machine between them is not cancelled).{spread}")
+    spread = " Figures: median [min-max] over rounds." if rounds > 1 else ""
     servers = ("all servers up together" if s["servers"] == "together"
                else "each server started for its turn in every round")
     return (f"{rounds} round(s), {servers}: every round measures every point, the configurations taking "
@@ -157,10 +158,12 @@ def _ratio_lines(result: dict) -> list[str]:
         return []
     ref = rows[0]["reference"]
     concs = sorted({r["concurrency"] for r in rows})
+    paired = any(q["paired"] for r in rows for q in (r["output_throughput"], r["per_user_tps"]) if q)
+    how = ("Each ratio is taken within a round, where both were measured minutes apart at most, then "
+           "summarised over rounds: median [min-max]." if paired else "Ratios of the medians.")
     lines = ["", f"## Against {ref}", "",
              f"Aggregate output tok/s and per-user tok/s as multiples of {ref}'s at the same concurrency: "
-             "`aggregate x / per-user x`. Each ratio is taken within a round, where both were measured minutes "
-             "apart at most, then summarised over rounds: median [min-max].", "",
+             f"`aggregate x / per-user x`. {how}", "",
              "| configuration | " + " | ".join(f"c={c}" for c in concs) + " |", "|---|" + "---:|" * len(concs)]
     for name in dict.fromkeys(r["config"] for r in rows):
         mine = {r["concurrency"]: r for r in rows if r["config"] == name}
@@ -194,23 +197,31 @@ def ab_summary(result: dict) -> str:
 def dominance(result: dict, name: str, other: str) -> dict:
     """Whether `name`'s measured points cover every point of `other`: a point is
     covered when some point of `name` is at least as high in aggregate and per-user
-    tok/s (medians: `strict`), or when its best round reaches the other's median
-    (`within_noise`). Returns the uncovered concurrencies of each kind."""
+    tok/s (medians: `strict`), or, `within_noise`, when some point of `name` was at
+    least as high in both within one round (points of one sweep; a round's spread
+    holds the machine's drift, so only a round compares like with like), or else
+    when its best run reaches the other's median. Returns the uncovered
+    concurrencies of each kind."""
     mine = [p for p in result["points"] if p["config"] == name and usable_point(p)]
     theirs = [p for p in result["points"] if p["config"] == other and usable_point(p)]
-
-    def top(p: dict, key: str) -> float:
-        return p.get("spread", {}).get(key, [p[key], p[key]])[1]
-
     strict, noisy = [], []
     for q in theirs:
         if not any(p["per_user_tps"] >= q["per_user_tps"] and p["output_throughput"] >= q["output_throughput"]
                    for p in mine):
             strict.append(q["concurrency"])
-        if not any(top(p, "per_user_tps") >= q["per_user_tps"] and top(p, "output_throughput") >= q["output_throughput"]
-                   for p in mine):
+        if not any(_covers_within_noise(p, q) for p in mine):
             noisy.append(q["concurrency"])
     return {"strict": strict, "within_noise": noisy}
+
+
+def _covers_within_noise(p: dict, q: dict) -> bool:
+    keys = ("per_user_tps", "output_throughput")
+    if p.get("sweep_id") is not None and p.get("sweep_id") == q.get("sweep_id"):
+        mine, theirs = ({k: per_round(x, k) for k in keys} for x in (p, q))
+        rounds = set(mine[keys[0]]) & set(mine[keys[1]]) & set(theirs[keys[0]]) & set(theirs[keys[1]])
+        if rounds:
+            return any(all(mine[k][r] >= theirs[k][r] for k in keys) for r in rounds)
+    return all(p.get("spread", {}).get(k, [p[k], p[k]])[1] >= q[k] for k in keys)
 
 
 def _dominance_lines(result: dict) -> list[str]:
@@ -220,8 +231,9 @@ def _dominance_lines(result: dict) -> list[str]:
         return []
     lines = ["", "## Frontier dominance", "",
              "A configuration dominates another when each of the other's points is matched or beaten in both "
-             "aggregate and per-user tok/s by one of its own points (medians); *within noise* lets its best "
-             "round stand in for its median. Listed: the other's points left uncovered (by concurrency).", "",
+             "aggregate and per-user tok/s by one of its own points (medians); *within noise*: in one round at "
+             "least (a round's spread holds the machine's drift, so rounds are compared one by one). Listed: the "
+             "other's points left uncovered (by concurrency).", "",
              "| configuration | dominates | dominates within noise | does not dominate |", "|---|---|---|---|"]
     for name in names:
         full, noisy, no = [], [], []
