@@ -131,6 +131,10 @@ def test_interleaved_sweep_sees_through_drift(tmp_path, prompts):
     for name in ("pareto.png", "throughput_vs_concurrency.png", "ratios.png"):
         assert (tmp_path / "s" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert "![ratios.png](ratios.png)" in md
+    # a report rewritten from the saved sweep keeps the pairs
+    assert main(["bench", "report", str(tmp_path / "s" / "sweep.json"), "--out", str(tmp_path / "r")]) == 0
+    again = json.loads((tmp_path / "r" / "sweep.json").read_text())
+    assert again["ratios"] == result["ratios"] and again["sweep"]["rounds"] == 4
 
 
 def test_one_after_another_is_fooled_by_the_same_drift(tmp_path, prompts):
