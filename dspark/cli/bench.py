@@ -88,7 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="A sweep of two configurations (same syntax as `sweep --configs`) in --rounds alternating "
                     "rounds (A B, B A, A B, ...), both servers up together (or each for its turn with "
                     "--one-server-at-a-time). Prints, per concurrency, B's output and per-user tok/s as "
-                    "multiples of A's: the median of the per-round ratios and their min-max. The full report (sweep.md, sweep.json, plots, server logs) goes into --out.",
+                    "multiples of A's: the median of the per-round ratios and their min-max. The full report "
+                    "(sweep.md, sweep.json, plots, server logs) goes into --out.",
     )
     ab.add_argument("a", metavar="A", help="the reference configuration, e.g. none or plain=http://host:8000")
     ab.add_argument("b", metavar="B", help="the configuration compared with it")
