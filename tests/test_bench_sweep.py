@@ -13,7 +13,8 @@ import pytest
 
 from dspark.bench.runner import BenchError
 from dspark.bench.server_process import ServerProcess, free_port
-from dspark.bench.sweep import aggregate_runs, mark_pareto, parse_server_config, tier_table
+from dspark.bench.rounds import aggregate_runs
+from dspark.bench.sweep import mark_pareto, parse_server_config, tier_table
 from dspark.cli.main import main
 
 
@@ -65,11 +66,11 @@ def _run(tput: float, user: float, acc: float | None = None) -> dict:
             "spec_decode": None if acc is None else {"acceptance_length": acc}}
 
 
-def test_repeats_give_median_and_spread():
+def test_rounds_give_median_and_spread():
     p = aggregate_runs("a", 4, [_run(100, 30, 2.0), _run(120, 20, 3.0), _run(90, 25, 2.5)])
     assert (p["output_throughput"], p["per_user_tps"], p["acceptance_length"]) == (100, 25, 2.5)
     assert p["spread"]["output_throughput"] == [90, 120] and p["spread"]["per_user_tps"] == [20, 30]
-    assert p["repeats"] == 3 and len(p["runs"]) == 3
+    assert p["rounds"] == 3 and len(p["runs"]) == 3
     single = aggregate_runs("a", 1, [_run(50, 40)])
     assert single["spread"] == {} and single["acceptance_length"] is None
 
@@ -89,13 +90,14 @@ def test_tiers_and_pareto():
     assert [p["pareto"] for p in points] == [False, False, False, True, True, True]
 
 
-def test_outputs_with_repeats_and_a_failed_configuration(tmp_path):
+def test_outputs_with_rounds_and_a_failed_configuration(tmp_path):
     from dspark.bench.sweep_report import write_outputs
 
     points = [aggregate_runs("dspark", c, [_run(t, u, 3.0), _run(t * 1.1, u * 0.9, 3.2)])
               for c, t, u in ((1, 90, 90), (4, 250, 62))]
     mark_pareto(points)
-    result = {"sweep": {"concurrencies": [1, 4], "tiers": [50.0, 80.0, 500.0], "repeats": 2, "num_prompts": 8,
+    result = {"sweep": {"concurrencies": [1, 4], "tiers": [50.0, 80.0, 500.0], "rounds": 2, "servers": "together",
+                        "num_prompts": 8,
                         "num_warmups": 1, "server_args": [],
                         "load": {"dataset": "mixed", "dataset_path": None, "endpoint": "chat", "max_tokens": 64,
                                  "temperature": 0.0, "ignore_eos": True}},
@@ -106,6 +108,7 @@ def test_outputs_with_repeats_and_a_failed_configuration(tmp_path):
               "points": points, "tiers": tier_table(points, [50.0, 80.0, 500.0], ["dspark", "sg"])}
     write_outputs(result, tmp_path)
     md = (tmp_path / "sweep.md").read_text()
+    assert "2 round(s), all servers up together" in md and "median [min-max] over rounds" in md
     assert "| dspark | 4 | 2.62 [2.50-2.75] | 262.5 [250.0-275.0] |" in md  # median [min-max]
     assert "| 3.10 [3.00-3.20] | 1.00 | 0 | yes |" in md  # acceptance length with its spread
     assert "| 50 | 262.5 (c=4) | failed |" in md and "| 500 | - | failed |" in md
@@ -116,6 +119,7 @@ def test_outputs_with_repeats_and_a_failed_configuration(tmp_path):
 
 
 def _sweep(points: list[dict], names: list[str], max_tokens: int = 64) -> dict:
+    """A sweep.json as written before rounds (repeats, one configuration after another)."""
     return {"sweep": {"concurrencies": [1, 4], "tiers": [50.0], "repeats": 2, "num_prompts": 8, "num_warmups": 1,
                       "server_args": [], "load": {"dataset": "mixed", "dataset_path": None, "endpoint": "chat",
                                                   "max_tokens": max_tokens, "temperature": 0.0,
@@ -140,7 +144,9 @@ def test_merged_report_ratios_and_dominance(tmp_path, capsys):
     assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                  "--out", str(tmp_path / "r"), "--tiers", "35,55"]) == 0
     md = (tmp_path / "r" / "sweep.md").read_text()
-    assert "| fast | 1.50 / 1.50 | 1.50 / 1.50 |" in md  # against none, per concurrency
+    assert "2 repeat(s) per point, the configurations one after another (not interleaved" in md
+    # against none, per concurrency: ratios of medians, marked, since the sweeps were separate
+    assert "| fast | 1.50* / 1.50* | 1.50* / 1.50* |" in md and "which the machine's drift" in md
     merged = json.loads((tmp_path / "r" / "sweep.json").read_text())
     assert [c["name"] for c in merged["configs"]] == ["none", "fast", "close"]
     assert dominance(merged, "fast", "none") == {"strict": [], "within_noise": []}
@@ -157,7 +163,7 @@ def test_merged_report_ratios_and_dominance(tmp_path, capsys):
     again = json.loads((tmp_path / "d" / "sweep.json").read_text())
     assert [c["name"] for c in again["configs"]] == ["none", "fast"]
     assert sorted(p["output_throughput"] for p in again["points"] if p["config"] == "none") == [50, 150]
-    assert "| fast | 1.20 / 1.20 | 1.20 / 1.12 |" in (tmp_path / "d" / "sweep.md").read_text()
+    assert "| fast | 1.20* / 1.20* | 1.20* / 1.12* |" in (tmp_path / "d" / "sweep.md").read_text()
     # sweeps of another load, or with a name twice, are refused in one line
     (tmp_path / "c.json").write_text(json.dumps(_sweep([], ["other"], max_tokens=128)))
     assert main(["bench", "report", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--out", str(tmp_path)]) == 2
@@ -228,7 +234,7 @@ def test_failed_dspark_serve_start(tmp_path, capsys):
 def test_short_sweep_none_and_ngram(tmp_path, capsys):
     out = tmp_path / "sweep"
     rc = main(["bench", "sweep", "--out", str(out), "--configs", "none", "ngram", "--concurrency", "1,2",
-               "--num-prompts", "2", "--num-warmups", "0", "--dataset", "math", "--max-tokens", "16",
+               "--rounds", "2", "--num-prompts", "2", "--num-warmups", "0", "--dataset", "math", "--max-tokens", "16",
                "--ignore-eos", "--tiers", "0.5,1000", "--disable-tqdm", "--grace-period", "10",
                "--server-args", "--max-model-len 512 --dtype fp32 --max-num-seqs 4 --log-interval 0"])
     assert rc == 0
@@ -241,7 +247,10 @@ def test_short_sweep_none_and_ngram(tmp_path, capsys):
     points = result["points"]
     assert [(p["config"], p["concurrency"]) for p in points] == [("none", 1), ("none", 2), ("ngram", 1),
                                                                    ("ngram", 2)]
+    assert result["order"] == [[0, "none", 1], [0, "ngram", 1], [0, "none", 2], [0, "ngram", 2],
+                               [1, "ngram", 1], [1, "none", 1], [1, "ngram", 2], [1, "none", 2]]
     for p in points:
+        assert p["rounds"] == 2
         run = p["runs"][0]
         assert run["completed"] == 2 and run["failed"] == 0 and run["total_output_tokens"] == 32
         assert run["config"]["max_concurrency"] == p["concurrency"]
@@ -254,7 +263,8 @@ def test_short_sweep_none_and_ngram(tmp_path, capsys):
     assert tiers[1000] == {"none": None, "ngram": None}
     md = (out / "sweep.md").read_text()
     assert "| ngram | 2 |" in md and "## SLA tiers" in md and "none cannot reach 1000" in md
-    assert "![pareto.png](pareto.png)" in md
+    assert "![pareto.png](pareto.png)" in md and "## Against none" in md
+    assert all(row["output_throughput"]["paired"] for row in result["ratios"])
     assert md in capsys.readouterr().out
     for c in result["configs"]:
         assert wait_gone(c["pid"]), f"server {c['name']} outlived the sweep"

@@ -14,7 +14,10 @@ or any other server. Prompts come from `dspark.data`'s held-out sets or a JSONL 
 - `runner`: `run_benchmark`, the closed- or open-loop run that ties them together.
 - `report`: the stdout table.
 - `server_process`: a server started, health-checked and stopped as a subprocess.
-- `sweep` / `sweep_report`: configurations x concurrencies, tiers, sweep.md and plots.
+- `sweep`: configurations x concurrencies in rounds that alternate the configurations;
+  `sweep_servers`: the configurations and their servers; `rounds`: the round order,
+  medians over rounds and ratios paired within rounds; `sweep_report` / `sweep_plots`:
+  sweep.md (tiers, paired ratios, dominance) and the plots.
 """
 
 from .runner import BenchError, LoadConfig, run_benchmark

@@ -1,111 +1,46 @@
-"""`run_sweep`: every server configuration at every concurrency of a ladder.
+"""`run_sweep`: every server configuration at every concurrency of a ladder, in
+rounds that alternate the configurations (`rounds.py`), so that the machine's drift
+cannot pass for a difference between them.
 
-A configuration is one of
-- a `dspark serve` speculative config (JSON, or `none`): the sweep starts
-  `dspark serve` on 127.0.0.1 with a free port and the shared `server_args`;
-- `name=URL`: a server that is already running; the sweep only sends load;
-- `name=CMD`: a shell command with a `{port}` placeholder that starts an
-  OpenAI-compatible server; the sweep runs it and stops it.
+By default every configuration's server is started first (one after another, each
+waited for on `/health`) and all stay up together; each round then measures every
+concurrency, the configurations taking turns at each one (round r starts at
+configuration r mod n). With `together=False` (servers that do not fit in memory
+side by side), each configuration's server is started for its turn in every round,
+runs all its concurrencies and is stopped. A configuration that fails to start, or
+whose every warm-up request fails, is recorded with its error and left out of the
+later turns; the sweep goes on with the others.
 
-Each started server is waited for on `/health`, loaded at each concurrency (closed
-loop, `repeats` times), then stopped (`server_process.ServerProcess`). A
-configuration that fails to start is recorded with its log and the sweep goes on.
-Each point reports the median over its repeats and their spread (min, max).
-
-The per-user speed of a point is the median over its requests of 1/TPOT
-(`stats.py`); SLA tiers keep, for each configuration, the highest output
-throughput among its points whose per-user speed reaches the tier.
+Each point (configuration x concurrency) is measured once per round; the report
+gives its median over rounds and the (min, max) spread, and each configuration as a
+multiple of the reference, ratio taken within each round (paired), with the median
+and spread of those ratios. The per-user speed of a point is the median over its
+requests of 1/TPOT (`stats.py`); SLA tiers keep, for each configuration, the
+highest output throughput among its points whose per-user speed reaches the tier.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import re
-import shlex
 import sys
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .dataset import DatasetError, jsonl_prompts, heldout_prompts, sample_prompts
+from .dataset import DatasetError, heldout_prompts, jsonl_prompts, sample_prompts
+from .rounds import (POINT_FIGURES, Visit, aggregate_runs, figure, ratio_table, round_order, round_visits,
+                     usable_point)
 from .runner import BenchError, LoadConfig, run_benchmark
-from .server_process import ServerProcess, ServerStartError, dspark_serve_command, free_port
-from .sweep_report import usable_point, write_outputs
+from .server_process import ServerStartError
+from .sweep_report import reference_name, sweep_rounds, write_outputs
+from .sweep_servers import DEFAULT_CONFIGS, KNOWN_CONFIGS, LaunchedServer, ServerConfig, parse_server_config
 
-#: the configurations a sweep compares by default, with the drafters shipped for the model
-DEFAULT_CONFIGS: dict[str, dict | None] = {
-    "none": None,
-    "mtp": {"method": "mtp"},
-    "eagle3": {"method": "eagle3"},
-    "dflash": {"method": "dflash", "enable_adaptive_verification": False},
-    "dspark": {"method": "dspark", "enable_adaptive_verification": False},
-    "dspark-adaptive": {"method": "dspark", "enable_adaptive_verification": True},
-}
-#: names `--configs` accepts on their own
-KNOWN_CONFIGS: dict[str, dict | None] = {**DEFAULT_CONFIGS, "ngram": {"method": "ngram"}}
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+__all__ = ["DEFAULT_CONFIGS", "KNOWN_CONFIGS", "ServerConfig", "SweepConfig", "merge_results", "parse_server_config",
+           "run_sweep", "write_report"]
 
-# point figures that get a median and spread over repeats: key -> path in a result
-POINT_FIGURES: dict[str, tuple[str, ...]] = {
-    "request_throughput": ("request_throughput",),
-    "output_throughput": ("output_throughput",),
-    "total_token_throughput": ("total_token_throughput",),
-    "per_user_tps": ("per_user_tps", "median"),
-    "per_user_tps_mean": ("per_user_tps", "mean"),
-    "ttft_ms": ("ttft_ms", "median"),
-    "ttft_ms_p99": ("ttft_ms", "p99"),
-    "tpot_ms": ("tpot_ms", "median"),
-    "tpot_ms_p99": ("tpot_ms", "p99"),
-    "itl_ms": ("itl_ms", "median"),
-    "itl_ms_p99": ("itl_ms", "p99"),
-    "e2el_ms": ("e2el_ms", "median"),
-    "acceptance_length": ("spec_decode", "acceptance_length"),
-    "mean_tokens_per_chunk": ("mean_tokens_per_chunk",),
-    "failed": ("failed",),
-}
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    name: str
-    kind: str  # "dspark" | "url" | "command"
-    speculative: dict | None = None  # kind "dspark": None = no speculation
-    url: str | None = None
-    command: str | None = None
-
-    def describe(self) -> dict:
-        if self.kind == "dspark":
-            return {"name": self.name, "kind": self.kind, "speculative_config": self.speculative}
-        return {"name": self.name, "kind": self.kind, self.kind: self.url or self.command}
-
-
-def parse_server_config(item: str) -> ServerConfig:
-    """`NAME` (one of KNOWN_CONFIGS), `NAME=JSON`, `NAME=none`, `NAME=URL` or `NAME=CMD`."""
-    name, sep, value = item.partition("=")
-    name, value = name.strip(), value.strip()
-    if not _NAME.fullmatch(name):
-        raise BenchError(f"configuration name {name!r} must be letters, digits and ._+- (it names files)")
-    if not sep:
-        if name not in KNOWN_CONFIGS:
-            raise BenchError(f"unknown configuration {name!r}; use one of {', '.join(KNOWN_CONFIGS)} or "
-                             "NAME=JSON, NAME=URL, NAME=CMD")
-        return ServerConfig(name, "dspark", KNOWN_CONFIGS[name])
-    if value.lower() == "none":
-        return ServerConfig(name, "dspark", None)
-    if value.startswith("{"):
-        try:
-            spec = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise BenchError(f"configuration {name!r}: the speculative config is not valid JSON: {e}") from None
-        if not isinstance(spec, dict):
-            raise BenchError(f"configuration {name!r}: the speculative config must be a JSON object")
-        return ServerConfig(name, "dspark", spec)
-    if value.startswith(("http://", "https://")):
-        return ServerConfig(name, "url", url=value)
-    if "{port}" not in value:
-        raise BenchError(f"configuration {name!r}: a start command needs a {{port}} placeholder for the port "
-                         f"the sweep chooses, got {value!r}")
-    return ServerConfig(name, "command", command=value)
+#: prompts of round r at concurrency c are drawn with seed + c + ROUND_SEED_STEP * r: every
+#: configuration gets the same prompts within a round, and each round new ones
+ROUND_SEED_STEP = 100_003
 
 
 @dataclass
@@ -116,7 +51,10 @@ class SweepConfig:
     #: the load of every point; base_url, max_concurrency, num_prompts and num_warmups are set per point
     load: LoadConfig
     tiers: list[float] = field(default_factory=list)
-    repeats: int = 1
+    #: each point is measured once per round; ratios are paired within rounds
+    rounds: int = 3
+    #: all servers up at once (True) or each started for its turn in every round (False)
+    together: bool = True
     #: prompts per point; None = max(16, 4 x concurrency)
     num_prompts: int | None = None
     #: warm-up requests per point; None = the concurrency
@@ -138,8 +76,8 @@ class SweepConfig:
             raise BenchError(f"--concurrency must be integers >= 1, got {self.concurrencies}")
         if any(not t > 0 for t in self.tiers):
             raise BenchError(f"--tiers must be per-user tok/s > 0, got {self.tiers}")
-        if self.repeats < 1:
-            raise BenchError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.rounds < 1:
+            raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise BenchError(f"--num-prompts must be >= 1, got {self.num_prompts}")
         if self.num_warmups is not None and self.num_warmups < 0:
@@ -159,7 +97,8 @@ class SweepConfig:
         load = self.load.describe()
         for key in ("base_url", "max_concurrency", "num_prompts", "num_warmups", "model", "metrics_url"):
             load.pop(key, None)
-        return {"concurrencies": self.concurrencies, "tiers": self.tiers, "repeats": self.repeats,
+        return {"concurrencies": self.concurrencies, "tiers": self.tiers, "rounds": self.rounds,
+                "servers": "together" if self.together else "one at a time",
                 "num_prompts": self.num_prompts or "max(16, 4 x concurrency)",
                 "num_warmups": "concurrency" if self.num_warmups is None else self.num_warmups,
                 "server_args": self.server_args, "server_timeout_s": self.server_timeout, "load": load,
@@ -168,7 +107,7 @@ class SweepConfig:
 
 def run_sweep(cfg: SweepConfig, log=None) -> dict:
     """Run the sweep, writing sweep.json, sweep.md and the plots into `cfg.out_dir`
-    after every configuration; returns what sweep.json holds."""
+    after every round (the plots at the end); returns what sweep.json holds."""
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -178,28 +117,82 @@ def run_sweep(cfg: SweepConfig, log=None) -> dict:
                 else heldout_prompts(cfg.load.dataset, most))
     except DatasetError as e:
         raise BenchError(str(e)) from None
-    result = {"sweep": cfg.describe(), "configs": [], "points": [], "tiers": []}
-    for server in cfg.configs:
-        entry = {**server.describe(), "status": "ok", "error": None, "startup_s": None, "log": None}
-        result["configs"].append(entry)
-        log(f"[{server.name}] starting" if server.kind != "url" else f"[{server.name}] using {server.url}")
+    sweep_id = uuid.uuid4().hex[:12]
+    entries = {s.name: {**s.describe(), "status": "ok", "error": None, "startup_s": None, "log": None}
+               for s in cfg.configs}
+    result = {"sweep": {**cfg.describe(), "id": sweep_id}, "configs": list(entries.values()), "points": [],
+              "tiers": [], "ratios": [], "order": []}
+    servers = {s.name: LaunchedServer(s, entries[s.name], cfg.out_dir / "logs", cfg.server_args,
+                                      cfg.server_timeout, cfg.grace_period) for s in cfg.configs}
+    runs: dict[tuple[str, int], list[dict]] = {}
+    live = [s.name for s in cfg.configs]
+
+    def fail(name: str, error: Exception) -> None:
+        entries[name]["status"], entries[name]["error"] = "failed", str(error)
+        live.remove(name)
+        servers[name].stop()
+        log(f"[{name}] FAILED: {error}")
+
+    def measure(visit: Visit) -> bool:
         try:
-            with _LaunchedServer(server, cfg, entry) as url:
-                for c in cfg.concurrencies:
-                    point = _run_point(server.name, url, c, cfg, pool, log)
-                    result["points"].append(point)
+            run = _run_point(visit, servers[visit.config].url, cfg, pool, log)
+        except BenchError as e:
+            fail(visit.config, e)
+            return False
+        runs.setdefault((visit.config, visit.concurrency), []).append(run)
+        result["order"].append([visit.round, visit.config, visit.concurrency])
+        return True
+
+    def start(name: str, log_name: str | None = None) -> bool:
+        s = servers[name].server
+        log(f"[{name}] starting" if s.kind != "url" else f"[{name}] using {s.url}")
+        try:
+            servers[name].start(log_name)
         except (ServerStartError, BenchError) as e:
-            entry["status"], entry["error"] = "failed", str(e)
-            log(f"[{server.name}] FAILED: {e}")
-        write_report(result, cfg.out_dir)
+            fail(name, e)
+            return False
+        return True
+
+    try:
+        if cfg.together:
+            for name in list(live):
+                start(name)
+        for r in range(cfg.rounds):
+            if cfg.together:
+                for visit in round_visits(live, cfg.concurrencies, r, together=True):
+                    if visit.config in live:  # not failed earlier in this round
+                        measure(visit)
+            else:
+                for name in round_order(list(live), r):
+                    if start(name, f"{name}.round{r}"):
+                        for c in cfg.concurrencies:
+                            if not measure(Visit(r, name, c)):
+                                break
+                        servers[name].stop()
+            result["points"] = _points(cfg, runs, sweep_id)
+            write_report(result, cfg.out_dir, plots=False)  # an interrupted sweep keeps its finished rounds
+    finally:
+        for server in servers.values():
+            server.stop()
+    result["points"] = _points(cfg, runs, sweep_id)
+    write_report(result, cfg.out_dir)
     return result
 
 
-def write_report(result: dict, out_dir: Path) -> None:
-    """Recompute the Pareto marks and the tier table of `result`, then write it."""
+def _points(cfg: SweepConfig, runs: dict[tuple[str, int], list[dict]], sweep_id: str) -> list[dict]:
+    """The points measured so far, by configuration then concurrency."""
+    return [aggregate_runs(s.name, c, runs[s.name, c], sweep_id)
+            for s in cfg.configs for c in cfg.concurrencies if runs.get((s.name, c))]
+
+
+def write_report(result: dict, out_dir: Path, plots: bool = True) -> None:
+    """Recompute the Pareto marks, the tier table and the ratios of `result`, then write
+    it (the plots too with `plots`)."""
     result["tiers"] = tier_table(result["points"], result["sweep"]["tiers"], [c["name"] for c in result["configs"]])
     mark_pareto(result["points"])
-    write_outputs(result, out_dir)
+    ref = reference_name(result)
+    result["ratios"] = ratio_table([p for p in result["points"] if usable_point(p)], ref) if ref else []
+    write_outputs(result, out_dir, plots)
 
 
 #: load settings that must agree for points of several sweeps to be compared
@@ -239,7 +232,9 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
         merged["points"] += [p for p in r["points"] if p["config"] not in drop]
     s = merged["sweep"]
     s["concurrencies"] = sorted({p["concurrency"] for p in merged["points"]} | set(s["concurrencies"]))
-    s["repeats"] = max(r["sweep"]["repeats"] for r in results)
+    s["rounds"] = max(sweep_rounds(r["sweep"]) for r in results)
+    s.pop("repeats", None)
+    s.pop("id", None)  # points keep their own sweep's id: only those of one sweep are paired
     if tiers is not None:
         s["tiers"] = tiers
     if reference is not None:
@@ -249,90 +244,26 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
     return merged
 
 
-class _LaunchedServer:
-    """The URL of a configuration's server, started (and later stopped) when needed."""
-
-    def __init__(self, server: ServerConfig, cfg: SweepConfig, entry: dict) -> None:
-        self.server, self.cfg, self.entry = server, cfg, entry
-        self.process: ServerProcess | None = None
-
-    def __enter__(self) -> str:
-        s, cfg = self.server, self.cfg
-        if s.kind == "url":
-            return s.url
-        port = free_port()
-        if s.kind == "dspark":
-            spec = "none" if s.speculative is None else json.dumps(s.speculative)
-            command: list[str] | str = dspark_serve_command(port, spec, cfg.server_args)
-        else:
-            command = s.command.replace("{port}", str(port))
-        log_path = cfg.out_dir / "logs" / f"{s.name}.log"
-        self.entry["log"] = str(log_path)
-        self.entry["command"] = command if isinstance(command, str) else shlex.join(command)
-        self.process = ServerProcess(command, f"http://127.0.0.1:{port}", log_path, cfg.server_timeout,
-                                     cfg.grace_period)
-        try:
-            self.process.start()
-        except ServerStartError as e:
-            raise ServerStartError(f"configuration {s.name!r} did not start: {e}") from None
-        finally:
-            self.entry["pid"] = self.process.proc.pid if self.process.proc else None
-        self.entry["startup_s"] = self.process.startup_s
-        return self.process.url
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None:
-            self.process.stop()
 
 
-def _run_point(name: str, url: str, concurrency: int, cfg: SweepConfig, pool: list, log) -> dict:
-    n, warm = cfg.prompts_at(concurrency), cfg.warmups_at(concurrency)
-    load = replace(cfg.load, base_url=url, max_concurrency=concurrency, num_prompts=n, num_warmups=warm,
+def _run_point(visit: Visit, url: str, cfg: SweepConfig, pool: list, log) -> dict:
+    c = visit.concurrency
+    n, warm = cfg.prompts_at(c), cfg.warmups_at(c)
+    load = replace(cfg.load, base_url=url, max_concurrency=c, num_prompts=n, num_warmups=warm,
                    metrics_url=None, request_rate=float("inf"))
-    # The same prompts at the same point for every configuration.
-    prompts = sample_prompts(pool, warm + n, cfg.load.seed + concurrency)
-    runs = [run_benchmark(load, prompts) for _ in range(cfg.repeats)]
-    point = aggregate_runs(name, concurrency, runs)
-    acc = point["acceptance_length"]
-    log(f"[{name}] concurrency {concurrency}: {_num(point['output_throughput'])} out tok/s, "
-        f"{_num(point['per_user_tps'])} tok/s/user, TTFT {_num(point['ttft_ms'])} ms, "
-        f"TPOT {_num(point['tpot_ms'])} ms, acceptance length {_num(acc)}, failed {point['failed']}")
-    return point
+    prompts = sample_prompts(pool, warm + n, cfg.load.seed + c + ROUND_SEED_STEP * visit.round)
+    run = run_benchmark(load, prompts)
+    run["round"] = visit.round
+    f = {key: _num(figure(run, POINT_FIGURES[key])) for key in
+         ("output_throughput", "per_user_tps", "ttft_ms", "tpot_ms", "acceptance_length")}
+    log(f"[round {visit.round + 1}/{cfg.rounds}] [{visit.config}] concurrency {c}: {f['output_throughput']} out "
+        f"tok/s, {f['per_user_tps']} tok/s/user, TTFT {f['ttft_ms']} ms, TPOT {f['tpot_ms']} ms, acceptance "
+        f"length {f['acceptance_length']}, failed {run['failed']}")
+    return run
 
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
-
-
-def _get(result: dict, path: tuple[str, ...]) -> float | None:
-    for key in path:
-        if not isinstance(result, dict):
-            return None
-        result = result.get(key)
-    return result if isinstance(result, (int, float)) else None
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
-def aggregate_runs(name: str, concurrency: int, runs: list[dict]) -> dict:
-    """One sweep point from its repeated runs: the median of each figure over the
-    runs that have it, and the (min, max) spread."""
-    point: dict = {"config": name, "concurrency": concurrency, "repeats": len(runs),
-                   "num_prompts": runs[0]["config"]["num_prompts"]}
-    spread = {}
-    for key, path in POINT_FIGURES.items():
-        xs = [x for x in (_get(r, path) for r in runs) if x is not None]
-        point[key] = _median(xs) if xs else None
-        if len(xs) > 1:
-            spread[key] = [min(xs), max(xs)]
-    point["spread"] = spread
-    point["pareto"] = False
-    point["runs"] = runs
-    return point
 
 
 def mark_pareto(points: list[dict]) -> None:

@@ -1,10 +1,8 @@
-"""What a sweep writes: sweep.json, sweep.md and two plots.
+"""What a sweep writes: sweep.json, sweep.md and the plots (`sweep_plots.py`).
 
-- `pareto.png`: aggregate output tok/s against per-user tok/s, one curve per
-  configuration, each point labelled with its concurrency; tiers within reach of
-  the data as dashed lines.
-- `throughput_vs_concurrency.png`: output tok/s against concurrency.
-With repeats, bars show each point's spread (min to max).
+sweep.md gives each point's median over rounds with its spread (min-max), and each
+configuration against the reference as ratios taken within each round (paired),
+their median and spread (`rounds.py`).
 """
 
 from __future__ import annotations
@@ -12,15 +10,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-PARETO_PNG = "pareto.png"
-CONCURRENCY_PNG = "throughput_vs_concurrency.png"
+from .rounds import per_round, usable_point
+from .sweep_plots import plot_sweep
 
 
-def write_outputs(result: dict, out_dir: Path) -> None:
+def write_outputs(result: dict, out_dir: Path, plots: bool = True) -> None:
     out_dir = Path(out_dir)
     (out_dir / "sweep.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    plotted = plot_sweep(result, out_dir)
+    plotted = plot_sweep(result, out_dir) if plots else []
     (out_dir / "sweep.md").write_text(sweep_markdown(result, plotted))
+
+
+def sweep_rounds(sweep: dict) -> int:
+    """Measurements per point (sweeps written before rounds called them repeats)."""
+    return sweep.get("rounds", sweep.get("repeats", 1))
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -40,8 +43,7 @@ def sweep_markdown(result: dict, plots: list[str]) -> str:
     load = s["load"]
     lines = ["# Serving sweep", "",
              f"Concurrency {', '.join(map(str, s['concurrencies']))}; {s['num_prompts']} prompts and "
-             f"{s['num_warmups']} warm-ups per point; {s['repeats']} repeat(s) per point"
-             + (" (median [min-max])" if s["repeats"] > 1 else "") + ".",
+             f"{s['num_warmups']} warm-ups per point. " + _method_line(s),
              f"Dataset `{load['dataset_path'] or load['dataset']}`, endpoint `{load['endpoint']}`, max tokens "
              f"{load['max_tokens']}, temperature {load['temperature']}, ignore_eos {load['ignore_eos']}.",
              "Per-user tok/s is the median over requests of 1/TPOT, TPOT = (E2EL - TTFT) / (output tokens - 1); "
@@ -70,6 +72,20 @@ def sweep_markdown(result: dict, plots: list[str]) -> str:
     if plots:
         lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in plots]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _method_line(s: dict) -> str:
+    rounds = sweep_rounds(s)
+    if "servers" not in s:  # written before rounds: every configuration in its turn, repeats back to back
+        spread = " Figures: median [min-max] over repeats." if rounds > 1 else ""
+        return (f"{rounds} repeat(s) per point, the configurations one after another (not interleaved: "
+                f"drift of the machine between them is not cancelled).{spread}")
+    spread = " Figures: median [min-max] over rounds." if rounds > 1 else ""
+    servers = ("all servers up together" if s["servers"] == "together"
+               else "each server started for its turn in every round")
+    return (f"{rounds} round(s), {servers}: every round measures every point, the configurations taking "
+            f"turns (round r starts at the (r mod n)-th), with new prompts each round, the same for every "
+            f"configuration.{spread}")
 
 
 def _point_lines(points: list[dict]) -> list[str]:
@@ -126,50 +142,86 @@ def reference_name(result: dict) -> str | None:
     return "none" if "none" in names else (names[0] if names else None)
 
 
+def _ratio_text(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    if not r["paired"]:
+        return f"{r['median']:.2f}*"
+    if len(r["per_round"]) > 1:
+        return f"{r['median']:.2f} [{r['spread'][0]:.2f}-{r['spread'][1]:.2f}]"
+    return f"{r['median']:.2f}"
+
+
 def _ratio_lines(result: dict) -> list[str]:
-    ref = reference_name(result)
-    points = [p for p in result["points"] if usable_point(p)]
-    base = {p["concurrency"]: p for p in points if p["config"] == ref}
-    if not base or len({p["config"] for p in points}) < 2:
+    rows = result.get("ratios") or []
+    if not rows:
         return []
-    concs = sorted(base)
+    ref = rows[0]["reference"]
+    concs = sorted({r["concurrency"] for r in rows})
+    paired = any(q["paired"] for r in rows for q in (r["output_throughput"], r["per_user_tps"]) if q)
+    how = ("Each ratio is taken within a round, where both were measured minutes apart at most, then "
+           "summarised over rounds: median [min-max]." if paired else "Ratios of the medians.")
     lines = ["", f"## Against {ref}", "",
-             f"Aggregate output tok/s and per-user tok/s as multiples of {ref}'s at the same concurrency "
-             "(medians over repeats): `aggregate x / per-user x`.", "",
+             f"Aggregate output tok/s and per-user tok/s as multiples of {ref}'s at the same concurrency: "
+             f"`aggregate x / per-user x`. {how}", "",
              "| configuration | " + " | ".join(f"c={c}" for c in concs) + " |", "|---|" + "---:|" * len(concs)]
-    for name in [c["name"] for c in result["configs"] if c["name"] != ref]:
-        mine = {p["concurrency"]: p for p in points if p["config"] == name}
-        if not mine:
-            continue
-        cells = []
-        for c in concs:
-            p, b = mine.get(c), base[c]
-            cells.append("-" if p is None else f"{p['output_throughput'] / b['output_throughput']:.2f} / "
-                                                f"{p['per_user_tps'] / b['per_user_tps']:.2f}")
+    for name in dict.fromkeys(r["config"] for r in rows):
+        mine = {r["concurrency"]: r for r in rows if r["config"] == name}
+        cells = ["-" if c not in mine else
+                 f"{_ratio_text(mine[c]['output_throughput'])} / {_ratio_text(mine[c]['per_user_tps'])}"
+                 for c in concs]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any(not q["paired"] for r in rows for q in (r["output_throughput"], r["per_user_tps"]) if q):
+        lines += ["", "`*` not measured in the same sweep: the ratio of the medians, which the machine's drift "
+                      "between the sweeps can fake; measure both in one sweep for a paired ratio."]
     return lines
+
+
+def ab_summary(result: dict) -> str:
+    """The paired comparison of `dspark bench ab`: per concurrency, each side's
+    median output tok/s and the ratio with its spread over rounds."""
+    rows = result.get("ratios") or []
+    points = {(p["config"], p["concurrency"]): p for p in result["points"]}
+    lines = []
+    for r in rows:
+        a, b = points[r["reference"], r["concurrency"]], points[r["config"], r["concurrency"]]
+        out, user = r["output_throughput"], r["per_user_tps"]
+        rounds = len(out["per_round"]) if out else 0
+        lines.append(f"c={r['concurrency']}: {r['config']} / {r['reference']} = {_ratio_text(out)} output tok/s, "
+                     f"{_ratio_text(user)} per-user tok/s (paired over {rounds} round(s); "
+                     f"{r['reference']} {_with_spread(a, 'output_throughput')}, "
+                     f"{r['config']} {_with_spread(b, 'output_throughput')} output tok/s)")
+    return "\n".join(lines)
 
 
 def dominance(result: dict, name: str, other: str) -> dict:
     """Whether `name`'s measured points cover every point of `other`: a point is
     covered when some point of `name` is at least as high in aggregate and per-user
-    tok/s (medians: `strict`), or when its best repeat reaches the other's median
-    (`within_noise`). Returns the uncovered concurrencies of each kind."""
+    tok/s (medians: `strict`), or, `within_noise`, when some point of `name` was at
+    least as high in both within one round (points of one sweep; a round's spread
+    holds the machine's drift, so only a round compares like with like), or else
+    when its best run reaches the other's median. Returns the uncovered
+    concurrencies of each kind."""
     mine = [p for p in result["points"] if p["config"] == name and usable_point(p)]
     theirs = [p for p in result["points"] if p["config"] == other and usable_point(p)]
-
-    def top(p: dict, key: str) -> float:
-        return p.get("spread", {}).get(key, [p[key], p[key]])[1]
-
     strict, noisy = [], []
     for q in theirs:
         if not any(p["per_user_tps"] >= q["per_user_tps"] and p["output_throughput"] >= q["output_throughput"]
                    for p in mine):
             strict.append(q["concurrency"])
-        if not any(top(p, "per_user_tps") >= q["per_user_tps"] and top(p, "output_throughput") >= q["output_throughput"]
-                   for p in mine):
+        if not any(_covers_within_noise(p, q) for p in mine):
             noisy.append(q["concurrency"])
     return {"strict": strict, "within_noise": noisy}
+
+
+def _covers_within_noise(p: dict, q: dict) -> bool:
+    keys = ("per_user_tps", "output_throughput")
+    if p.get("sweep_id") is not None and p.get("sweep_id") == q.get("sweep_id"):
+        mine, theirs = ({k: per_round(x, k) for k in keys} for x in (p, q))
+        rounds = set(mine[keys[0]]) & set(mine[keys[1]]) & set(theirs[keys[0]]) & set(theirs[keys[1]])
+        if rounds:
+            return any(all(mine[k][r] >= theirs[k][r] for k in keys) for r in rounds)
+    return all(p.get("spread", {}).get(k, [p[k], p[k]])[1] >= q[k] for k in keys)
 
 
 def _dominance_lines(result: dict) -> list[str]:
@@ -179,8 +231,9 @@ def _dominance_lines(result: dict) -> list[str]:
         return []
     lines = ["", "## Frontier dominance", "",
              "A configuration dominates another when each of the other's points is matched or beaten in both "
-             "aggregate and per-user tok/s by one of its own points (medians); *within noise* lets its best "
-             "repeat stand in for its median. Listed: the other's points left uncovered (by concurrency).", "",
+             "aggregate and per-user tok/s by one of its own points (medians); *within noise*: in one round at "
+             "least (a round's spread holds the machine's drift, so rounds are compared one by one). Listed: the "
+             "other's points left uncovered (by concurrency).", "",
              "| configuration | dominates | dominates within noise | does not dominate |", "|---|---|---|---|"]
     for name in names:
         full, noisy, no = [], [], []
@@ -196,67 +249,3 @@ def _dominance_lines(result: dict) -> list[str]:
                 no.append(f"{other} (c={','.join(map(str, d['within_noise']))})")
         lines.append(f"| {name} | {', '.join(full) or '-'} | {', '.join(noisy) or '-'} | {', '.join(no) or '-'} |")
     return lines
-
-
-def usable_point(p: dict) -> bool:
-    """A point with both figures of the frontier (a failed point has neither)."""
-    return p.get("per_user_tps") is not None and p.get("output_throughput") is not None
-
-
-def plot_sweep(result: dict, out_dir: Path) -> list[str]:
-    """Write the two plots; returns their file names (none when there is nothing to plot)."""
-    points = [p for p in result["points"] if usable_point(p)]
-    if not points:
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [c["name"] for c in result["configs"] if any(p["config"] == c["name"] for p in points)]
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for name in names:
-        mine = sorted((p for p in points if p["config"] == name), key=lambda p: p["concurrency"])
-        xs, ys = [p["per_user_tps"] for p in mine], [p["output_throughput"] for p in mine]
-        line = ax.errorbar(xs, ys, xerr=_bars(mine, "per_user_tps"), yerr=_bars(mine, "output_throughput"),
-                           marker="o", label=name, capsize=3)
-        for p, x, y in zip(mine, xs, ys):
-            ax.annotate(f"c={p['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8,
-                        color=line[0].get_color())
-    reach = 1.25 * max(p["per_user_tps"] for p in points)
-    for tier in result["sweep"]["tiers"]:
-        if tier <= reach:  # a far-off tier would squash every curve against the axis
-            ax.axvline(tier, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xlim(left=0)
-    _finish(plt, fig, ax, out_dir / PARETO_PNG, "per-user tok/s (median of 1/TPOT)", "Throughput against per-user speed")
-
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for name in names:
-        mine = sorted((p for p in points if p["config"] == name), key=lambda p: p["concurrency"])
-        ax.errorbar([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine],
-                    yerr=_bars(mine, "output_throughput"), marker="o", label=name, capsize=3)
-    ax.set_xscale("log", base=2)
-    _finish(plt, fig, ax, out_dir / CONCURRENCY_PNG, "concurrency (requests in flight)", "Throughput against concurrency")
-    return [PARETO_PNG, CONCURRENCY_PNG]
-
-
-def _finish(plt, fig, ax, path: Path, xlabel: str, title: str) -> None:
-    """Common finish of both plots (aggregate tok/s on y from 0), saved and closed."""
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("aggregate output tok/s")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _bars(points: list[dict], key: str) -> list[list[float]] | None:
-    """Asymmetric error bars (below, above) from each point's spread; None without repeats."""
-    if not any(key in p["spread"] for p in points):
-        return None
-    lo = [p[key] - p["spread"].get(key, [p[key], p[key]])[0] for p in points]
-    hi = [p["spread"].get(key, [p[key], p[key]])[1] - p[key] for p in points]
-    return [lo, hi]

@@ -1,4 +1,4 @@
-"""`dspark bench`: online serving benchmarks over HTTP (`serve`, `sweep`) and
+"""`dspark bench`: online serving benchmarks over HTTP (`serve`, `sweep`, `ab`) and
 reports from saved sweeps (`report`)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="serving benchmarks against any OpenAI-compatible server")
     p.set_defaults(func=lambda _: p.print_help())
-    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,report}")
+    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report}")
 
     s = bsub.add_parser(
         "serve", help="load one running server and report latency, throughput and acceptance",
@@ -52,13 +52,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_serve)
 
     w = bsub.add_parser(
-        "sweep", help="start each server configuration, load it at a concurrency ladder, plot the frontier",
-        description="For each configuration: start `dspark serve` (or a given command, or use a running URL) "
-                    "on 127.0.0.1 with a free port, wait for /health, run the closed-loop load at each "
-                    "concurrency, stop it (SIGTERM, then SIGKILL after --grace-period; the whole process "
-                    "group). Writes into --out: sweep.json, sweep.md (points, SLA tiers), pareto.png "
-                    "(output tok/s against per-user tok/s, labelled by concurrency), "
-                    "throughput_vs_concurrency.png, and each server's log under logs/.",
+        "sweep", help="serve each configuration, load them in alternating rounds at a concurrency ladder, plot",
+        description="Start every configuration's server (`dspark serve`, a given command, or a running URL) on "
+                    "127.0.0.1 with a free port and wait for its /health; all stay up together. Then, in each of "
+                    "--rounds rounds, load every configuration at every concurrency (closed loop), the "
+                    "configurations taking turns at each concurrency and round r starting at configuration r "
+                    "mod n, so that the machine's drift over the sweep falls on every configuration alike. Each "
+                    "point is the median over rounds with its spread (min-max); each configuration against the "
+                    "--reference is a ratio taken within each round (paired), reported as the median and spread "
+                    "of those ratios. Servers are stopped at the end (SIGTERM, then SIGKILL after --grace-period; "
+                    "the whole process group). Writes into --out: sweep.json, sweep.md (points, SLA tiers, "
+                    "paired ratios), pareto.png (output tok/s against per-user tok/s, labelled by concurrency), "
+                    "throughput_vs_concurrency.png, ratios.png, and each server's log under logs/.",
     )
     w.add_argument("--out", required=True, metavar="DIR", help="output directory")
     w.add_argument("--configs", nargs="+", metavar="CONFIG", default=None,
@@ -71,24 +76,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="concurrency ladder, comma-separated (default: 1,4,16,32)")
     w.add_argument("--tiers", type=_float_list, default=[10.0, 20.0, 40.0],
                    help="SLA tiers in per-user tok/s, comma-separated (default: 10,20,40)")
-    w.add_argument("--repeats", type=int, default=1,
-                   help="runs per point; the report gives the median and the spread (default: %(default)s)")
-    w.add_argument("--num-prompts", type=int, default=None,
-                   help="measured requests per point (default: 4 x concurrency, at least 16)")
-    w.add_argument("--num-warmups", type=int, default=None,
-                   help="unmeasured requests before each point (default: the concurrency)")
-    w.add_argument("--server-args", default="",
-                   help='extra flags for every started `dspark serve`, e.g. "--model DIR --dtype bf16 '
-                        '--max-model-len 4096"')
-    w.add_argument("--server-timeout", type=float, default=900.0,
-                   help="seconds to wait for a server's /health (default: %(default)s)")
-    w.add_argument("--grace-period", type=float, default=30.0,
-                   help="seconds between SIGTERM and SIGKILL when stopping a server (default: %(default)s)")
     w.add_argument("--reference", default=None, metavar="NAME",
                    help="configuration the report compares the others with (default: none if swept, else the "
                         "first)")
+    _add_round_args(w, rounds=3)
     _add_load_args(w)
     w.set_defaults(func=run_sweep)
+
+    ab = bsub.add_parser(
+        "ab", help="paired A/B: two configurations in alternating rounds, B/A with its spread",
+        description="A sweep of two configurations (same syntax as `sweep --configs`) in --rounds alternating "
+                    "rounds (A B, B A, A B, ...), both servers up together (or each for its turn with "
+                    "--one-server-at-a-time). Prints, per concurrency, B's output and per-user tok/s as "
+                    "multiples of A's: the median of the per-round ratios and their min-max. The full report "
+                    "(sweep.md, sweep.json, plots, server logs) goes into --out.",
+    )
+    ab.add_argument("a", metavar="A", help="the reference configuration, e.g. none or plain=http://host:8000")
+    ab.add_argument("b", metavar="B", help="the configuration compared with it")
+    ab.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    ab.add_argument("--concurrency", type=_int_list, default=[1],
+                    help="concurrencies, comma-separated (default: 1)")
+    _add_round_args(ab, rounds=6)
+    _add_load_args(ab)
+    ab.set_defaults(func=run_ab)
 
     r = bsub.add_parser(
         "report", help="rewrite a sweep's table and plots, or merge several sweeps into one report",
@@ -96,7 +106,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "and the plots into --out, with the Pareto marks, SLA tiers, ratios against the reference "
                     "and frontier dominance recomputed over all their configurations. Sweeps merged must share "
                     "the load (dataset, endpoint, max tokens, temperature, ignore_eos, seed); configuration "
-                    "names must be unique across them.",
+                    "names must be unique across them. Ratios between configurations of one sweep stay paired "
+                    "by round; between configurations of different sweeps they are ratios of medians, marked "
+                    "`*`, since the machine may have drifted between the sweeps.",
     )
     r.add_argument("sweeps", nargs="+", metavar="SWEEP_JSON", help="sweep.json files, in report order")
     r.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -110,6 +122,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a configuration in several sweeps keeps its last sweep's measurement, in its first place "
                         "(e.g. one measured again on a quieter machine); default: refuse")
     r.set_defaults(func=run_report)
+
+
+def _add_round_args(p: argparse.ArgumentParser, rounds: int) -> None:
+    p.add_argument("--rounds", type=int, default=rounds,
+                   help="each point is measured once per round, the configurations alternating; the report gives "
+                        "medians over rounds, their spread and per-round (paired) ratios (default: %(default)s)")
+    p.add_argument("--one-server-at-a-time", action="store_true",
+                   help="start each configuration's server for its turn in every round and stop it after (for "
+                        "servers that do not fit in memory together; each round pays every start-up)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="measured requests per point (default: 4 x concurrency, at least 16)")
+    p.add_argument("--num-warmups", type=int, default=None,
+                   help="unmeasured requests before each point (default: the concurrency)")
+    p.add_argument("--server-args", default="",
+                   help='extra flags for every started `dspark serve`, e.g. "--model DIR --dtype bf16 '
+                        '--max-model-len 4096"')
+    p.add_argument("--server-timeout", type=float, default=900.0,
+                   help="seconds to wait for a server's /health (default: %(default)s)")
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds between SIGTERM and SIGKILL when stopping a server (default: %(default)s)")
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
@@ -222,28 +254,55 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0 if result["completed"] else 1
 
 
-def run_sweep(args: argparse.Namespace) -> int:
-    from dspark.bench.sweep import DEFAULT_CONFIGS, SweepConfig, parse_server_config, run_sweep as sweep
+def _sweep_config(args: argparse.Namespace, configs: list, reference: str | None, tiers: list[float]):
+    from dspark.bench.sweep import SweepConfig
+
+    return SweepConfig(
+        out_dir=Path(args.out), configs=configs, concurrencies=args.concurrency,
+        load=_load_config(args, base_url="http://127.0.0.1"), tiers=tiers, rounds=args.rounds,
+        together=not args.one_server_at_a_time, num_prompts=args.num_prompts, num_warmups=args.num_warmups,
+        server_args=shlex.split(args.server_args), server_timeout=args.server_timeout,
+        grace_period=args.grace_period, reference=reference)
+
+
+def _failed_configs(result: dict, out_dir: Path) -> None:
     from dspark.errors import UserError
+
+    failed = [c["name"] for c in result["configs"] if c["status"] != "ok"]
+    if failed:
+        raise UserError(f"{len(failed)} of {len(result['configs'])} configurations failed ({', '.join(failed)}); "
+                        f"their errors are above and in {out_dir / 'sweep.md'}, their logs in {out_dir / 'logs'}")
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from dspark.bench.sweep import DEFAULT_CONFIGS, parse_server_config, run_sweep as sweep
 
     with _user_errors():
         configs = [parse_server_config(c) for c in (args.configs or list(DEFAULT_CONFIGS))]
-        config = SweepConfig(
-            out_dir=Path(args.out), configs=configs, concurrencies=args.concurrency,
-            load=_load_config(args, base_url="http://127.0.0.1"), tiers=args.tiers, repeats=args.repeats,
-            num_prompts=args.num_prompts, num_warmups=args.num_warmups,
-            server_args=shlex.split(args.server_args), server_timeout=args.server_timeout,
-            grace_period=args.grace_period, reference=args.reference)
+        config = _sweep_config(args, configs, args.reference, args.tiers)
         with _terminate_as_exit():
             result = sweep(config)
     print((config.out_dir / "sweep.md").read_text())
     written = sorted(p.name for p in config.out_dir.iterdir() if p.is_file())
     print(f"wrote {', '.join(written)} into {config.out_dir}", file=sys.stderr)
-    failed = [c["name"] for c in result["configs"] if c["status"] != "ok"]
-    if failed:
-        raise UserError(f"{len(failed)} of {len(configs)} configurations failed ({', '.join(failed)}); their "
-                        f"errors are above and in {config.out_dir / 'sweep.md'}, their logs in "
-                        f"{config.out_dir / 'logs'}")
+    _failed_configs(result, config.out_dir)
+    return 0
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    from dspark.bench.sweep import parse_server_config, run_sweep as sweep
+    from dspark.bench.sweep_report import ab_summary
+
+    with _user_errors():
+        a, b = parse_server_config(args.a), parse_server_config(args.b)
+        config = _sweep_config(args, [a, b], a.name, [])
+        with _terminate_as_exit():
+            result = sweep(config)
+    summary = ab_summary(result)
+    if summary:
+        print(summary)
+    print(f"full report: {config.out_dir / 'sweep.md'}", file=sys.stderr)
+    _failed_configs(result, config.out_dir)
     return 0
 
 
