@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark.runtime.model import RMSNorm
+from dspark.runtime.model import RMSNorm, linear_input_dtype
 
 from .base import DraftOutput, DraftRequest, choose_tokens
 from .config import DrafterConfig
@@ -173,7 +173,7 @@ class Eagle3Drafter(AutoregressiveDrafter):
         self.norm = RMSNorm(h, config.rms_norm_eps)
 
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
-        return self.fc(target_hidden.flatten(-2).to(self.fc.weight.dtype))
+        return self.fc(target_hidden.flatten(-2).to(linear_input_dtype(self.fc)))
 
     def step(self, features, tokens, positions, past, mask):
         layer = self.layers[0]

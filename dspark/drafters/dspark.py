@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark.runtime.model import RMSNorm
+from dspark.runtime.model import RMSNorm, linear_input_dtype
 
 from .base import DraftOutput, DraftRequest, choose_tokens
 from .config import DrafterConfig
@@ -74,7 +74,7 @@ class DSparkDrafter(KVDrafter):
     # --- model pieces (shared by drafting and training) ------------------------------
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """[..., taps, target_hidden] -> injected context features [..., hidden]."""
-        return self.hidden_norm(self.fc(target_hidden.flatten(-2).to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fc(target_hidden.flatten(-2).to(linear_input_dtype(self.fc))))
 
     def context_kv(
         self,
@@ -210,7 +210,7 @@ class DSparkDrafter(KVDrafter):
                 latents.append(latent)
                 if restrict:
                     c = cand[:, k]  # [R, C]
-                    bias = torch.bmm(w2[c], latent.to(w2.dtype).unsqueeze(-1)).squeeze(-1)  # [R, C]
+                    bias = torch.bmm(w2[c].to(latent.dtype), latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
                     step_cand = base_cand[:, k] + bias.float()
                     step = torch.full_like(step, float("-inf")).scatter_(1, c, step_cand)
                     chosen = c.gather(1, choose_tokens(step_cand, requests).unsqueeze(1)).squeeze(1)

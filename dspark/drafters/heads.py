@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dspark.runtime.model import linear_input_dtype
+
 
 class MarkovHead(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, rank: int, kind: str = "vanilla",
@@ -112,7 +114,7 @@ class ConfidenceHead(nn.Module):
     ) -> torch.Tensor:
         """Raw confidence logit before temperature: [..., K] (fp32)."""
         x = torch.cat([hidden, latent.to(hidden.dtype)], dim=-1) if self.with_markov else hidden
-        return self.proj(x.to(self.proj.weight.dtype)).squeeze(-1).float()
+        return self.proj(x.to(linear_input_dtype(self.proj))).squeeze(-1).float()
 
     def at(self, hidden: torch.Tensor, latent: torch.Tensor | None, k: int) -> torch.Tensor:
         """c for block position k+1 alone: hidden [..., H], latent [..., rank] -> [...]."""

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dspark.runtime.kv_cache import KVCachePool
+from dspark.runtime.model import linear_input_dtype
 
 from .base import DraftRequest, Drafter
 from .config import DrafterConfig
@@ -57,7 +58,7 @@ class KVDrafter(Drafter):
         """Normed drafter hidden [..., H] -> fp32 logits over the DRAFT vocabulary."""
         if self.lm_head is None:
             return self.target.logits(hidden)
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        return self.lm_head(hidden.to(linear_input_dtype(self.lm_head))).float()
 
     def draft_token_ids(self) -> torch.Tensor:
         """[draft vocab] the target id of every draft index."""

@@ -150,7 +150,7 @@ def build_drafter(spec: SpeculativeConfig, target):
         sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
                               min_ngram=spec.prompt_lookup_min, **sizes)
-    from dspark.runtime.model import pack_cpu_bf16_linears
+    from dspark.runtime.model import pack_cpu_bf16_linears, use_bf16_weights
 
     path = spec.drafter_path(target.name)
     if path is None:
@@ -160,7 +160,12 @@ def build_drafter(spec: SpeculativeConfig, target):
         drafter = load_drafter(path, target.model)
     if spec.markov_candidates is not None:
         drafter.markov_candidates = spec.markov_candidates
-    pack_cpu_bf16_linears(drafter)
+    if getattr(target.model, "precision", None) == "bf16w":
+        # the target's weight format for the drafter's linears too: a draft reads its
+        # weights once per step, and fp32 weights double that traffic
+        use_bf16_weights(drafter, embeddings=False)
+    else:
+        pack_cpu_bf16_linears(drafter)
     if spec.lookup:
         from dspark.drafters.lookup import HybridDrafter, LookupCalibration
 

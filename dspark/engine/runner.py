@@ -27,9 +27,14 @@ from dspark.schedule.policies import VerifyLengthPolicy
 from dspark.verify import rejection_sample
 
 from .calibration_watch import CalibrationWatch
+from .draft_gate import DraftGate
 from .sequence import Sequence
 
 log = logging.getLogger("dspark.engine")
+
+#: a request's backlog of undrafted context (tokens) at which it is fed to the drafter
+#: anyway, which bounds the memory a long stretch without drafting holds
+PENDING_FLUSH = 256
 
 
 class SpecRunner:
@@ -52,13 +57,21 @@ class SpecRunner:
         #: the shape of the last step's work: tokens in its target forward, requests drafted for
         self.last_forward_tokens = 0
         self.last_drafted_requests = 0
+        self._num_drafted = 0
         #: drafter faults survived (draft calls that raised or returned non-finite values,
         #: context updates that failed); requests whose drafter state is lost
         self.drafter_errors = 0
         self.undrafted: set[object] = set()
+        #: requests the scheduler keeps verifying nothing for skip the drafter's block
+        self.gate = DraftGate()
         #: the drafter's confidences against verification, while serving
         self.calibration = CalibrationWatch()
         self._confidence: list[list[float] | None] | None = None  # this step's, per decode
+        #: accepted tokens whose tapped hidden states the drafter has not been given yet,
+        #: per request: (start position, tokens, hidden [n, taps, H]) in order. The drafter
+        #: is fed only right before it drafts, so a step that skips drafting costs what a
+        #: plain step costs; the skipped positions reach it in one batched call.
+        self._pending: dict[object, list[tuple[int, list[int], torch.Tensor | None]]] = {}
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -78,6 +91,8 @@ class SpecRunner:
             seq.slot = -1
             if self.drafter is not None:
                 self.undrafted.discard(seq.request_id)
+                self._pending.pop(seq.request_id, None)
+                self.gate.release(seq.request_id)
                 try:
                     self.drafter.release(seq.request_id)
                 except Exception:
@@ -92,12 +107,19 @@ class SpecRunner:
     def _verify_lengths(self, decodes: list[Sequence]) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
         none = [0] * len(decodes), None, None
         self._confidence = None
+        self._num_drafted = 0
         n = self.num_speculative_tokens
         if not decodes or n == 0 or not self.policy.should_draft(len(decodes), n):
             return none
-        rows = [i for i, s in enumerate(decodes) if s.request_id not in self.undrafted]
+        rows = [i for i, s in enumerate(decodes)
+                if s.request_id not in self.undrafted and self.gate.wants_draft(s.request_id)]
         if not rows:
             return none
+        self._flush_pending([decodes[i].request_id for i in rows])
+        rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
+        if not rows:
+            return none
+        self._num_drafted = len(rows)
         try:
             out = self.drafter.draft(
                 [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
@@ -136,6 +158,7 @@ class SpecRunner:
                 cap = min(cap, int(valid[j]))
             # Caps depend only on lengths known before drafting, so clamping stays lossless.
             lengths[i] = 0 if j in bad else max(min(int(chosen[j]), cap), 0)
+            self.gate.record(s.request_id, lengths[i])
         return lengths, tokens, logits
 
     @torch.inference_mode()
@@ -184,7 +207,7 @@ class SpecRunner:
         if not tokens:
             return None
         self.last_forward_tokens = row
-        self.last_drafted_requests = len(decodes) if draft_tokens is not None else 0
+        self.last_drafted_requests = self._num_drafted if draft_tokens is not None else 0
         batch = FlatBatch.from_requests(tokens, starts, slots, logits="none", device=self.device)
         batch.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         return batch, tokens
@@ -248,8 +271,41 @@ class SpecRunner:
                 s.anchor = out[-1]
                 emitted[s.request_id] = out
         if self.drafter is not None:
-            self._feed_drafter(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
+            self._stash(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
         return emitted
+
+    def _stash(self, ids: list, tokens: list[list[int]], starts: list[int], rows: list[int],
+               hidden: torch.Tensor | None) -> None:
+        """Keep the accepted tokens and their tapped hidden states for the drafter's next
+        draft; a request whose backlog reaches PENDING_FLUSH tokens is fed at once."""
+        at, full = 0, []
+        for rid, toks, start in zip(ids, tokens, starts):
+            n = len(toks)
+            if rid not in self.undrafted:
+                h = None if hidden is None else hidden.index_select(
+                    0, torch.tensor(rows[at: at + n], device=self.device))
+                backlog = self._pending.setdefault(rid, [])
+                backlog.append((start, toks, h))
+                if sum(len(t) for _, t, _ in backlog) >= PENDING_FLUSH:
+                    full.append(rid)
+            at += n
+        if full:
+            self._flush_pending(full)
+
+    def _flush_pending(self, ids: list) -> None:
+        """Hand the backlog of these requests to the drafter in one call."""
+        todo = [rid for rid in ids if self._pending.get(rid)]
+        if not todo:
+            return
+        starts, tokens, hiddens = [], [], []
+        for rid in todo:
+            backlog = self._pending.pop(rid)
+            starts.append(backlog[0][0])
+            tokens.append([t for _, toks, _ in backlog for t in toks])
+            hiddens.extend(h for _, _, h in backlog)
+        hidden = None if any(h is None for h in hiddens) else torch.cat(hiddens)
+        rows = list(range(sum(len(t) for t in tokens)))
+        self._feed_drafter(todo, tokens, starts, rows, hidden)
 
     def _feed_drafter(self, ids: list, tokens: list[list[int]], starts: list[int], rows: list[int],
                       hidden: torch.Tensor | None) -> None:

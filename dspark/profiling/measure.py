@@ -151,14 +151,17 @@ def usable_cpus() -> int:
 
 def busy_cores(interval: float = 0.5) -> float | None:
     """How many CPU cores OTHER processes kept busy during `interval` seconds: the
-    machine's busy time (/proc/stat) minus this process's own CPU time, per second.
+    machine's busy time (/proc/stat, without niced processes) minus this process's
+    own CPU time, per second.
     None where /proc/stat is unavailable."""
 
     def machine_busy() -> float:
         with open("/proc/stat") as fh:
             v = [int(x) for x in fh.readline().split()[1:]]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
-        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+        # `nice` time is left out: a niced process yields its core to ours, so it does
+        # not make our threads wait at a barrier (a background job run with `nice`).
+        user, _nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+        return (user + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
     def own() -> float:
         t = os.times()

@@ -319,11 +319,17 @@ class _Bf16WeightLinearForward:
         return gemm_bf16w(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
 
 
-def use_bf16_weights(model: nn.Module) -> int:
-    """Store every `nn.Linear` weight (and embedding table) of `model` in bf16 and run
-    the linears through the native bf16-weight/fp32-compute kernel; everything else
-    (norms, rotary tables, KV cache, activations) stays fp32. Tied weights stay tied.
-    Returns how many linears were switched."""
+def linear_input_dtype(mod: nn.Linear) -> torch.dtype:
+    """The dtype a linear's input should have: fp32 for a bf16w linear (bf16 weights,
+    fp32 compute), else its weight's."""
+    return torch.float32 if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward) else mod.weight.dtype
+
+
+def use_bf16_weights(model: nn.Module, embeddings: bool = True) -> int:
+    """Store every `nn.Linear` weight (and, with `embeddings`, embedding table) of
+    `model` in bf16 and run the linears through the native bf16-weight/fp32-compute
+    kernel; everything else (norms, rotary tables, KV cache, activations) stays fp32.
+    Tied weights stay tied. Returns how many linears were switched."""
     converted: dict[int, nn.Parameter] = {}
 
     def to_bf16(p: nn.Parameter) -> nn.Parameter:
@@ -333,7 +339,7 @@ def use_bf16_weights(model: nn.Module) -> int:
 
     n = 0
     for mod in model.modules():
-        if isinstance(mod, nn.Embedding):
+        if embeddings and isinstance(mod, nn.Embedding):
             mod.weight = to_bf16(mod.weight)
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu":

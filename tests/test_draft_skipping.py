@@ -1,0 +1,119 @@
+"""A step that skips drafting costs what a plain step costs: the drafter is not fed on
+skipped steps and catches up in one call when it drafts again, and requests the
+scheduler keeps verifying nothing for leave the drafter's batch (DraftGate). Both
+keep greedy output equal to plain decoding, and the catch-up gives the drafter
+exactly the context it would have had if fed every step."""
+
+from __future__ import annotations
+
+from dspark.drafters.checkpoint import load_drafter
+from dspark.engine.config import SHIPPED_DIR
+from dspark.engine.draft_gate import DraftGate
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.runner import SpecRunner
+from dspark.generate import generate_plain
+from dspark.sampling import SamplingParams
+from dspark.schedule.policies import VerifyLengthPolicy
+
+from test_generate import PROMPTS
+
+
+class Recording:
+    """Wraps a drafter: counts its calls and keeps every draft by (the request's
+    arrival index, anchor position)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.appends = 0
+        self.drafted_requests = 0
+        self.drafts: dict[tuple, list[int]] = {}
+        self.requests: list[object] = []  # in the order they were added
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def add_request(self, request_id):
+        self.requests.append(request_id)
+        return self.inner.add_request(request_id)
+
+    def append_context(self, *args):
+        self.appends += 1
+        return self.inner.append_context(*args)
+
+    def draft(self, requests, num_tokens):
+        out = self.inner.draft(requests, num_tokens)
+        self.drafted_requests += len(requests)
+        for r, toks in zip(requests, out.tokens.tolist()):
+            self.drafts[(self.requests.index(r.request_id), r.anchor_position)] = toks
+        return out
+
+
+class DraftEvery(VerifyLengthPolicy):
+    """Drafts on every `every`-th step only; verifies `length` tokens (0 = none)."""
+
+    name = "every"
+    needs_confidence = False
+
+    def __init__(self, every: int, length: int) -> None:
+        self.every, self.length, self.calls = every, length, 0
+
+    def should_draft(self, num_requests: int, num_drafted: int) -> bool:
+        self.calls += 1
+        return self.calls % self.every == 0
+
+    def choose(self, survival):
+        return [self.length] * survival.shape[0]
+
+
+def _run(target, prompts, policy, max_tokens=20):
+    drafter = Recording(load_drafter(SHIPPED_DIR / "dspark", target.model))
+    engine = LLMEngine(target, None, EngineConfig(max_num_seqs=4, max_model_len=512))
+    engine.runner = SpecRunner(target.model, target.new_cache(4, 512), drafter, policy, 4)
+    outs = [s.output_ids for s in engine.generate(prompts, SamplingParams(max_tokens=max_tokens))]
+    return outs, drafter, engine.runner
+
+
+def test_skipped_steps_feed_nothing_and_the_drafter_catches_up_exactly(default_target_fp32):
+    target = default_target_fp32
+    prompts = [target.tokenizer.chat_prompt(p) for p in PROMPTS[:3]]
+    plain = [generate_plain(target, p, SamplingParams(max_tokens=20)).token_ids for p in prompts]
+    every, every_drafter, _ = _run(target, prompts, DraftEvery(1, 2))
+    sparse, sparse_drafter, _ = _run(target, prompts, DraftEvery(3, 2))
+    assert every == plain and sparse == plain
+    # fed once per drafting step (a catch-up call), not once per step
+    steps_with_draft = sparse_drafter.drafted_requests and len({k[1] for k in sparse_drafter.drafts})
+    assert sparse_drafter.appends < every_drafter.appends
+    assert steps_with_draft
+    # where both runs drafted at the same anchor, the drafter saw the same context
+    common = set(every_drafter.drafts) & set(sparse_drafter.drafts)
+    assert len(common) >= 5
+    for key in common:
+        assert sparse_drafter.drafts[key] == every_drafter.drafts[key], key
+
+
+def test_requests_verified_for_nothing_leave_the_drafter_batch(default_target_fp32):
+    target = default_target_fp32
+    prompts = [target.tokenizer.chat_prompt(p) for p in PROMPTS[:2]]
+    plain = [generate_plain(target, p, SamplingParams(max_tokens=24)).token_ids for p in prompts]
+    outs, drafter, runner = _run(target, prompts, DraftEvery(1, 0), max_tokens=24)
+    assert outs == plain
+    # 2 requests x ~24 steps would be ~48 drafted request-steps without the gate
+    assert drafter.drafted_requests <= 20 and runner.gate.skipped >= 25
+
+
+def test_draft_gate_backs_off_and_resets():
+    gate = DraftGate(patience=2, probe_gap=2, max_gap=4)
+    pattern = []
+    for _ in range(11):
+        drafted = gate.wants_draft("r")
+        pattern.append(drafted)
+        if drafted:
+            gate.record("r", 0)
+    # two zero steps, then a probe after 2 steps, then after 4, then 4 again
+    assert pattern == [True, True, False, True, False, False, False, True, False, False, False]
+    assert gate.skipped == 7
+    assert gate.wants_draft("r")  # the next probe verifies something: back to every step
+    gate.record("r", 3)
+    assert all(gate.wants_draft("r") for _ in range(3))
+    gate.release("r")
+    assert gate.wants_draft("r") and gate.skipped == 7
