@@ -149,3 +149,18 @@ def test_plain_server_state_and_race(plain_server):
     done = {e["side"]: e for e in events if e["type"] == "done"}
     assert done["spec"]["accepted"] == 0 and done["spec"]["steps"] == done["plain"]["steps"]
     assert events[-1]["identical"] is True
+
+
+def test_grafana_dashboard_uses_only_metrics_the_server_exports():
+    import re
+    from importlib import resources
+
+    from dspark.serve.metrics import ServingMetrics
+
+    board = json.loads(resources.files("dspark.serve").joinpath("grafana", "dspark.json").read_text())
+    m = ServingMetrics("x")
+    exported = {f.name for f in m._families + m._calibration_families + m._hybrid_families}
+    used = {re.sub(r"_(bucket|sum|count)$", "", name) for p in board["panels"] for t in p["targets"]
+            for name in re.findall(r"dspark:[a-z_]+", t["expr"])}
+    assert len(board["panels"]) >= 8 and used and used <= exported, used - exported
+    assert all(p["fieldConfig"]["defaults"]["unit"] for p in board["panels"])  # units on every panel

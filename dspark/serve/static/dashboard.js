@@ -121,10 +121,10 @@ function drawSteps(st) {
     const t = st.table;
     const cut = t.tokens.findIndex(n => n > xMax * 1.5);
     const upto = cut < 0 ? t.tokens.length : Math.max(2, cut + 1);
-    series.push({ label: "table: target forward", color: COLORS.grey, points: t.tokens.slice(0, upto).map((n, i) => [n, t.ms[i]]) });
+    series.push({ label: "table (target forward)", color: COLORS.grey, points: t.tokens.slice(0, upto).map((n, i) => [n, t.ms[i]]) });
   }
-  series.push({ label: "measured, plain step", color: COLORS.a, kind: "dots", points: plain });
-  if (st.speculative) series.push({ label: "measured, with drafting", color: COLORS.c, kind: "dots", points: drafted });
+  series.push({ label: "plain step", color: COLORS.a, kind: "dots", points: plain });
+  if (st.speculative) series.push({ label: "step with drafting", color: COLORS.c, kind: "dots", points: drafted });
   document.getElementById("step-note").textContent = st.table
     ? "wall time of each recent step by tokens in its target forward, over the profiled step-time table"
     : "wall time of each recent step by tokens in its target forward (no step-time table: plain decoding)";
