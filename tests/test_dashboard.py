@@ -121,6 +121,8 @@ def test_state_moves_after_requests_and_reports_the_scheduler(spec_server):
     # only steps after `since`: a poll carries the news, not the whole ring buffer
     again = httpx.get(url + "/dashboard/state", params={"since": new_steps[-1][0]}, headers=AUTH).json()
     assert again["steps"] == []
+    r = httpx.get(url + "/dashboard/state", params={"since": "soon"}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "since"
 
 
 def test_race_streams_both_sides_and_they_are_identical(spec_server):

@@ -21,7 +21,7 @@ from importlib import resources
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from .protocol import APIError
+from .protocol import APIError, bad_request
 
 #: the files the pages are made of, with their media types; nothing else is served
 STATIC_FILES = {"dashboard.html": "text/html", "race.html": "text/html", "live.css": "text/css",
@@ -112,7 +112,13 @@ def add_live_routes(app: FastAPI, state, require_api_key) -> None:
         return {"key_required": state.api_key is not None, "model": state.names[0]}
 
     @app.get("/dashboard/state", dependencies=[Depends(require_api_key)])
-    async def live_state(since: float | None = None) -> JSONResponse:
+    async def live_state(request: Request) -> JSONResponse:
+        raw = request.query_params.get("since")
+        try:
+            since = None if raw is None else float(raw)
+        except ValueError:
+            raise bad_request(f"'since' must be a number (the 'now' of an earlier answer), got {raw!r}",
+                              "since") from None
         return JSONResponse(dashboard_state(state, since), headers={"Cache-Control": "no-store"})
 
     @app.post("/dashboard/race", dependencies=[Depends(require_api_key)])
