@@ -84,8 +84,9 @@ def dashboard_state(state, since: float | None = None) -> dict:
                      "threads_wanted": watch.threads if watch is not None else torch.get_num_threads()}
     steps = engine.recent_steps.copy()  # one C-level copy: the engine thread appends meanwhile
     cut = -math.inf if since is None else since
-    out["steps"] = [[round(r.end, 4), round(r.seconds * 1000, 3), r.forward_tokens, r.drafted_requests,
-                     r.emitted_tokens, list(r.verify_lengths)] for r in steps if r.end > cut]
+    # filtered on the rounded end the page sends back, or the last step would come again
+    out["steps"] = [[end, round(r.seconds * 1000, 3), r.forward_tokens, r.drafted_requests, r.emitted_tokens,
+                     list(r.verify_lengths)] for r in steps if (end := round(r.end, 4)) > cut]
     return out
 
 
