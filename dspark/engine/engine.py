@@ -6,6 +6,9 @@ the per-step prefill budget allow, and leave as soon as they finish or are abort
 prompt chunks within the budget (prefill: a long prompt takes several steps, while
 the others keep decoding) and returns what each request emitted. The engine
 knows nothing of HTTP; it detokenizes only to honour stop strings.
+
+`recent_steps` keeps the shape and time of the last steps (a ring buffer of small
+tuples, one append per step) for whoever wants to watch the scheduler work.
 """
 
 from __future__ import annotations
@@ -28,6 +31,22 @@ from .sequence import Sequence, SpecStats, Status
 
 class QueueFull(RuntimeError):
     """The waiting queue is at its configured bound; retry later."""
+
+
+#: steps kept in `LLMEngine.recent_steps`
+RECENT_STEPS = 512
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step as a watcher sees it."""
+
+    end: float  # time.monotonic() at its end
+    seconds: float  # wall time of the step (drafting, forward, verification)
+    forward_tokens: int  # tokens in its target forward
+    drafted_requests: int  # requests drafted for (0: the drafter did not run)
+    verify_lengths: tuple[int, ...]  # draft tokens verified, per decoding request
+    emitted_tokens: int  # tokens emitted to requests
 
 
 @dataclass
@@ -74,9 +93,12 @@ class LLMEngine:
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # finished requests' counters, for metrics
         self.num_finished = 0
+        self.recent_steps: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
 
     # --- requests --------------------------------------------------------------
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: object | None = None) -> Sequence:
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: object | None = None,
+                    speculate: bool = True) -> Sequence:
+        """Queue a request; `speculate=False` decodes it without drafts (exact either way)."""
         if not prompt_ids:
             raise UserError("the prompt is empty")
         if len(prompt_ids) >= self.config.max_model_len:
@@ -86,7 +108,7 @@ class LLMEngine:
             )
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.config.max_waiting} requests)")
-        seq = Sequence(list(prompt_ids), params)
+        seq = Sequence(list(prompt_ids), params, speculate=speculate)
         if request_id is not None:
             seq.request_id = request_id
         self.waiting.append(seq)
@@ -150,9 +172,13 @@ class LLMEngine:
         self.running.extend(admitted)
         t0 = time.perf_counter()
         emitted = self.runner.step(chunks, decodes)
+        seconds = time.perf_counter() - t0
+        runner = self.runner
         if self.step_watch is not None:
-            self.step_watch.record(self.runner.last_forward_tokens, self.runner.last_drafted_requests,
-                                   time.perf_counter() - t0)
+            self.step_watch.record(runner.last_forward_tokens, runner.last_drafted_requests, seconds)
+        self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
+                                            runner.last_drafted_requests, tuple(runner.last_verify_lengths),
+                                            sum(len(t) for t in emitted.values())))
         outputs = []
         for seq in decodes + [s for s, _, end in chunks if end == len(s.prompt_ids)]:
             new = self._append(seq, emitted[seq.request_id])

@@ -11,6 +11,9 @@ NaN/+inf logits or confidences outside [0, 1] for some rows, makes this step pla
 decoding for the rows concerned (exact by construction); an `append_context` that
 fails leaves the requests it could not take undrafted for the rest of their life.
 Each fault is logged and counted in `drafter_errors`.
+
+A request added with `speculate=False` never reaches the drafter: it decodes plain
+(one token per step) in the same batched forwards as the speculating ones.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class SpecRunner:
         self.last_forward_tokens = 0
         self.last_drafted_requests = 0
         self._num_drafted = 0
+        #: the verification length chosen for each running request in the last step
+        self.last_verify_lengths: list[int] = []
         #: drafter faults survived (draft calls that raised or returned non-finite values,
         #: context updates that failed); requests whose drafter state is lost
         self.drafter_errors = 0
@@ -78,7 +83,7 @@ class SpecRunner:
         seq.slot = self.cache.allocate(seq.request_id)
         seq.generator = torch.Generator(device=self.device)
         seq.generator.manual_seed(seq.params.seed if seq.params.seed is not None else int(torch.seed() % 2**63))
-        if self.drafter is not None:
+        if self.drafter is not None and seq.speculate:
             try:
                 self.drafter.add_request(seq.request_id)
             except Exception:
@@ -89,7 +94,7 @@ class SpecRunner:
         if seq.slot >= 0:
             self.cache.release(seq.request_id)
             seq.slot = -1
-            if self.drafter is not None:
+            if self.drafter is not None and seq.speculate:
                 self.undrafted.discard(seq.request_id)
                 self._pending.pop(seq.request_id, None)
                 self.gate.release(seq.request_id)
@@ -112,7 +117,7 @@ class SpecRunner:
         if not decodes or n == 0 or not self.policy.should_draft(len(decodes), n):
             return none
         rows = [i for i, s in enumerate(decodes)
-                if s.request_id not in self.undrafted and self.gate.wants_draft(s.request_id)]
+                if s.speculate and s.request_id not in self.undrafted and self.gate.wants_draft(s.request_id)]
         if not rows:
             return none
         self._flush_pending([decodes[i].request_id for i in rows])
@@ -208,6 +213,7 @@ class SpecRunner:
             return None
         self.last_forward_tokens = row
         self.last_drafted_requests = self._num_drafted if draft_tokens is not None else 0
+        self.last_verify_lengths = lengths
         batch = FlatBatch.from_requests(tokens, starts, slots, logits="none", device=self.device)
         batch.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         return batch, tokens
@@ -254,20 +260,23 @@ class SpecRunner:
                 a = result.num_accepted[r]
                 kept = tokens[i][: a + 1]  # anchor + accepted drafts now have target states
                 self.cache.truncate(s.slot, s.num_cached + a + 1)
-                ctx_starts.append(s.num_cached)
+                ctx_start = s.num_cached
                 s.num_cached += a + 1
                 s.stats.record(lengths[i], a)
             else:
                 _, start, end = prefills[i - len(decodes)]
                 kept = tokens[i]
-                ctx_starts.append(start)
+                ctx_start = start
                 s.num_cached = s.num_prefilled = end
-            ctx_ids.append(s.request_id)
-            ctx_tokens.append(kept)
-            ctx_rows.extend(range(first, first + len(kept)))
+            if s.speculate:
+                ctx_starts.append(ctx_start)
+                ctx_ids.append(s.request_id)
+                ctx_tokens.append(kept)
+                ctx_rows.extend(range(first, first + len(kept)))
             if s.prefilled:
                 out = result.output_tokens[r]
                 r += 1
+                s.num_steps += 1
                 s.anchor = out[-1]
                 emitted[s.request_id] = out
         if self.drafter is not None:

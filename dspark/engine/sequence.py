@@ -95,6 +95,11 @@ class Sequence:
     num_cached: int = 0
     #: prompt tokens already in the KV cache (a long prompt is prefilled in chunks)
     num_prefilled: int = 0
+    #: False: never drafted for (plain decoding inside a speculative engine, e.g. the
+    #: race of plain against speculative decoding)
+    speculate: bool = True
+    #: steps that emitted tokens to this request (its prefill's last chunk included)
+    num_steps: int = 0
 
     @property
     def prefilled(self) -> bool:

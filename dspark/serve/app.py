@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API.
 
 Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as
-server-sent events), GET /v1/models, /health and /metrics (Prometheus text).
+server-sent events), GET /v1/models, /health and /metrics (Prometheus text); the
+live view (`/` and `/race`, with their data under `/dashboard/`) is `dashboard.py`'s.
 Handlers only validate, tokenize and relay: the engine runs in `AsyncEngine`'s
 thread. A client that disconnects has its request aborted, which frees its KV
 slot before the next step. Every error, including unknown routes, has OpenAI's
@@ -29,6 +30,7 @@ from dspark.runtime.tokenizer import IncrementalDetokenizer
 
 from .async_engine import AsyncEngine, EngineUnavailable, RequestStream
 from .config import ServeConfig, build_engine, default_served_name
+from .dashboard import add_live_routes
 from .metrics import ServingMetrics
 from .protocol import APIError, GenerationRequest, ModelContext, bad_request, parse_chat, parse_completion, \
     parse_json_body
@@ -179,6 +181,8 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
     @app.get("/metrics")
     async def prometheus_metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    add_live_routes(app, state, require_api_key)
 
     return app
 

@@ -60,6 +60,7 @@ class RequestStream:
     loop: asyncio.AbstractEventLoop
     arrival: float = field(default_factory=time.monotonic)
     finished: bool = False
+    speculate: bool = True  # False: decoded without drafts (the race's plain side)
     # engine-thread bookkeeping
     seq: Sequence | None = None
     first_token_at: float | None = None
@@ -151,12 +152,13 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
-    def submit(self, stream: RequestStream) -> None:
+    def submit(self, *streams: RequestStream) -> None:
+        """Queue requests; several given together reach the engine in the same step."""
         with self._cond:
             if not self.alive:
                 raise EngineUnavailable("the server is shutting down" if self._stopping else
                                         "the engine is not running")
-            self._inbox.append(stream)
+            self._inbox.extend(streams)
             self._cond.notify()
 
     def abort(self, request_id: str) -> None:
@@ -221,7 +223,8 @@ class AsyncEngine:
         """Queue the request in the engine; the refusal (QueueFull, ContextTooLong, ...)
         is the handler's to map to a status."""
         try:
-            stream.seq = self.engine.add_request(stream.prompt_ids, stream.params, request_id=stream.request_id)
+            stream.seq = self.engine.add_request(stream.prompt_ids, stream.params, request_id=stream.request_id,
+                                                 speculate=stream.speculate)
         except Exception as e:
             return e
         self._streams[stream.request_id] = stream

@@ -102,6 +102,8 @@ class ServingMetrics:
                                        "was off by more than 1.5x with the CPU otherwise idle.", const_labels=c)
         self._engine_seen = {"errors": 0, "lookup": 0, "slow": 0, "refreshes": 0}
         self._ece_at = float("-inf")
+        #: position -> (predicted, observed, trials), refreshed with the gauges
+        self.calibration_positions: dict[int, tuple[float, float, int]] = {}
         for reason in FINISH_REASONS:
             self.request_success.inc(0, finished_reason=reason)
         self._families = [self.prompt_tokens, self.generation_tokens, self.request_success, self.request_error,
@@ -178,7 +180,9 @@ class ServingMetrics:
         refresh = now - self._ece_at >= 1.0  # windowed figures: about once a second
         if refresh and runner.calibration.observed:
             self.calibration_ece.set(runner.calibration.ece())
-            for k, (pred, obs, _) in runner.calibration.per_position().items():
+            # kept for the dashboard, which must not walk the window itself
+            self.calibration_positions = runner.calibration.per_position()
+            for k, (pred, obs, _) in self.calibration_positions.items():
                 self.predicted_acceptance.set(pred, position=k)
                 self.observed_acceptance.set(obs, position=k)
         if getattr(drafter, "lookup_enabled", False):

@@ -100,6 +100,10 @@ class Gauge(_Family):
         with self._lock:
             self._values[key] = float(value)
 
+    def value(self, **labels: object) -> float:
+        with self._lock:
+            return self._values.get(self._key(labels), 0.0)
+
     def _samples(self) -> list[str]:
         return [f"{self.name}{self._label_str(k)} {_number(v)}" for k, v in sorted(self._values.items())]
 
