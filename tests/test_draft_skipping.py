@@ -97,8 +97,10 @@ def test_requests_verified_for_nothing_leave_the_drafter_batch(default_target_fp
     plain = [generate_plain(target, p, SamplingParams(max_tokens=24)).token_ids for p in prompts]
     outs, drafter, runner = _run(target, prompts, DraftEvery(1, 0), max_tokens=24)
     assert outs == plain
-    # 2 requests x ~24 steps would be ~48 drafted request-steps without the gate
-    assert drafter.drafted_requests <= 20 and runner.gate.skipped >= 25
+    # without the gate every decode step would draft both requests (~46 request-steps);
+    # with it: 3 steps each before the gate closes, then probes after 4, 8, 16 steps
+    assert 6 <= drafter.drafted_requests <= 12
+    assert runner.gate.skipped >= 2 * drafter.drafted_requests
 
 
 def test_draft_gate_backs_off_and_resets():
