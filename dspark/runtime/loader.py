@@ -1,7 +1,7 @@
 """Load a Hugging Face model directory (config.json + safetensors) into `Transformer`.
 
 Only safetensors are read: no pickle, no remote code. `--model default` (or no model)
-resolves to the embedded SmolLM2-135M-Instruct.
+resolves to the embedded SmolLM2-135M-Instruct, a GGUF file to its dequantized copy.
 """
 
 from __future__ import annotations
@@ -25,15 +25,24 @@ class ModelLoadError(UserError, ValueError):
 
 
 def resolve_model_path(model: str | None) -> Path:
+    """A `--model` value -> a Hugging Face model directory: 'default' (or nothing) is
+    the embedded model, a GGUF file is dequantized once into the cache (`gguf_model`)."""
     if model in (None, "", "default"):
         from .default_model import default_model_dir
 
         return default_model_dir()
     p = Path(model).expanduser()
+    if p.is_file():
+        from .gguf_model import gguf_model_dir, is_gguf
+
+        if is_gguf(p):
+            return gguf_model_dir(p)
+        raise ModelLoadError(f"model file {model!r} is not a GGUF file; pass a GGUF file, a Hugging Face "
+                             "model directory (config.json + *.safetensors) or 'default'")
     if not p.is_dir():
         raise ModelLoadError(
-            f"model path {model!r} is not a directory; pass a Hugging Face model directory "
-            "(config.json + *.safetensors) or 'default'"
+            f"model path {model!r} is not a directory or a file; pass a Hugging Face model directory "
+            "(config.json + *.safetensors), a GGUF file or 'default'"
         )
     return p
 
