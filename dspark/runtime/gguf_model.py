@@ -82,13 +82,25 @@ def gguf_model_dir(path: str | Path, name: str | None = None) -> Path:
     out = cache_root() / "models" / name
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
-    check_gguf(path)
-    convert_gguf(path, out)
+    arch = check_gguf(path)
+    convert_gguf(path, out, _config_overrides(path, arch))
     return out
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize `gguf` to an fp32 HF directory `out` (written aside, then renamed)."""
+def _config_overrides(path: Path, arch: str) -> dict:
+    """Config fields transformers' GGUF reader leaves at their defaults: a Qwen3 head
+    size other than 128 (`attention.key_length`) would otherwise not load."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get(f"{arch}.attention.key_length")
+    if arch != "qwen3" or field is None:
+        return {}
+    return {"head_dim": int(field.parts[field.data[0]][0])}
+
+
+def convert_gguf(gguf: Path, out: Path, overrides: dict | None = None) -> None:
+    """Dequantize `gguf` to an fp32 HF directory `out` (written aside, then renamed);
+    `overrides`: config fields to set."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -97,7 +109,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     print(f"[dspark] converting {gguf.name} to safetensors in {out} (first use only)...", flush=True)
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                     **(overrides or {}))
         # transformers refuses save_pretrained on a GGUF-quantized model otherwise.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
