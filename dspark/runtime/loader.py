@@ -1,12 +1,13 @@
 """Load a Hugging Face model directory (config.json + safetensors) into `Transformer`.
 
 Only safetensors are read: no pickle, no remote code. `--model default` (or no model)
-resolves to the embedded SmolLM2-135M-Instruct.
+resolves to the embedded SmolLM2-135M-Instruct, a GGUF file to its dequantized copy.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -15,7 +16,8 @@ from safetensors import safe_open
 from dspark.errors import UserError
 
 from .config import ConfigError, ModelConfig
-from .model import Transformer, pack_cpu_bf16_linears, use_bf16_weights
+from .model import Transformer, bf16w_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights
+from .prepared import PANELS, load_prepared, prepared_path, save_prepared
 
 
 class ModelLoadError(UserError, ValueError):
@@ -23,15 +25,24 @@ class ModelLoadError(UserError, ValueError):
 
 
 def resolve_model_path(model: str | None) -> Path:
+    """A `--model` value -> a Hugging Face model directory: 'default' (or nothing) is
+    the embedded model, a GGUF file is dequantized once into the cache (`gguf_model`)."""
     if model in (None, "", "default"):
         from .default_model import default_model_dir
 
         return default_model_dir()
     p = Path(model).expanduser()
+    if p.is_file():
+        from .gguf_model import gguf_model_dir, is_gguf
+
+        if is_gguf(p):
+            return gguf_model_dir(p)
+        raise ModelLoadError(f"model file {model!r} is not a GGUF file; pass a GGUF file, a Hugging Face "
+                             "model directory (config.json + *.safetensors) or 'default'")
     if not p.is_dir():
         raise ModelLoadError(
-            f"model path {model!r} is not a directory; pass a Hugging Face model directory "
-            "(config.json + *.safetensors) or 'default'"
+            f"model path {model!r} is not a directory or a file; pass a Hugging Face model directory "
+            "(config.json + *.safetensors), a GGUF file or 'default'"
         )
     return p
 
@@ -86,6 +97,17 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     measurement (well under a second): a decode-sized (1 row) and a verification-sized
     (8 rows) product with the model's MLP shape, for bf16w (where the native kernel
     builds) and fp32. Returns (precision, a line saying what was measured)."""
+    best, line, _ = _measure_precisions(cfg, repeats)
+    return best, line
+
+
+#: a measurement whose timed runs vary more than this ((max - min) / median, for some
+#: precision) ran beside other work: used once, never cached
+PRECISION_NOISE = 0.5
+
+
+def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]:
+    """choose_precision's (precision, line), and whether the runs were steady."""
     import time
 
     from . import cpu_kernels
@@ -93,11 +115,12 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
 
     if not cpu_kernels.available():
         why = cpu_kernels.why_unavailable()
-        return "fp32", "dtype auto: fp32" + (f" (bf16w unavailable: {why})" if why else "")
+        return "fp32", "dtype auto: fp32" + (f" (bf16w unavailable: {why})" if why else ""), True
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(2 * cfg.intermediate_size, cfg.hidden_size, generator=gen) * 0.02
     xs = [torch.randn(m, cfg.hidden_size, generator=gen) for m in (1, 8)]
     ms: dict[str, float] = {}
+    steady = True
     with torch.inference_mode():
         for name in BATCH_INVARIANT_CPU:
             lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
@@ -111,12 +134,51 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
                     fwd(x)
                 if r >= 2:
                     times.append(time.perf_counter() - t0)
-            ms[name] = sorted(times)[len(times) // 2] * 1e3
+            times.sort()
+            ms[name] = times[len(times) // 2] * 1e3
+            steady = steady and (times[-1] - times[0]) * 1e3 <= PRECISION_NOISE * ms[name]
     # bf16w first unless fp32 is clearly faster, so a near-tie does not flip the
     # precision (and the outputs) from one start to the next.
     best = "bf16w" if ms["bf16w"] <= 1.1 * ms["fp32"] else "fp32"
     report = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(ms.items(), key=lambda kv: kv[1]))
-    return best, f"dtype auto: {best} (decode-sized matmuls: {report})"
+    return best, f"dtype auto: {best} (decode-sized matmuls: {report})", steady
+
+
+def _precision_cache_file(cfg: ModelConfig) -> Path:
+    """Keyed like the step-time tables: the machine (CPU, ISA, threads), torch, the
+    kernels' build, and the model's MLP shape (all the measurement depends on)."""
+    import hashlib
+
+    from dspark.profiling.measure import machine_id
+
+    from . import cpu_kernels
+    from .default_model import cache_root
+
+    kernels = cpu_kernels.build_id() if cpu_kernels.available() else "-"
+    key = f"{machine_id()}|{torch.__version__}|{kernels}|{cfg.hidden_size}x{cfg.intermediate_size}"
+    return cache_root() / "precision" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+
+
+def cached_choose_precision(cfg: ModelConfig) -> tuple[str, str]:
+    """`choose_precision`, measured once per machine and model shape: a steady
+    measurement is cached (a noisy one is used for this load only)."""
+    f = _precision_cache_file(cfg)
+    try:
+        saved = json.loads(f.read_text())
+        if saved["precision"] in BATCH_INVARIANT_CPU:
+            return saved["precision"], saved["line"] + f"  [measured earlier; delete {f} to measure again]"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    best, line, steady = _measure_precisions(cfg, repeats=7)
+    if steady:
+        try:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"precision": best, "line": line}))
+            os.replace(tmp, f)
+        except OSError:
+            pass  # an unwritable cache costs only the measurement next time
+    return best, line
 
 
 def default_device() -> torch.device:
@@ -187,8 +249,9 @@ def load_transformer(
     log=None,
 ) -> Transformer:
     """`dtype`: a torch dtype, or a precision name (PRECISIONS or "auto"; auto is
-    measured on CPUs by `choose_precision`, and `log` gets the line saying what it
-    picked)."""
+    measured on CPUs by `choose_precision`, once per machine and model shape, and `log`
+    gets the line saying what it picked). On a CPU the runtime's layout of the
+    checkpoint is cached (`prepared`): later loads map it instead of converting."""
     path = Path(path)
     try:
         cfg = ModelConfig.from_dir(path)
@@ -197,16 +260,21 @@ def load_transformer(
     precision = dtype if isinstance(dtype, str) else {v: k for k, v in _COMPUTE.items() if k != "bf16w"}[dtype]
     precision = parse_precision(precision, device)
     if precision == "auto":
-        precision, line = choose_precision(cfg)
+        precision, line = cached_choose_precision(cfg)
         if log is not None:
             log(line)
     elif precision == "bf16" and torch.device(device).type == "cpu" and log is not None:
         log(NOT_INVARIANT_WARNING)
-    dtype = _COMPUTE[precision]
-    sd = fuse_hf_state_dict(cfg, read_safetensors_dir(path))
-    with torch.device("meta"):
+    device = torch.device(device)
+    cache_file = prepared_path(path, precision) if device.type == "cpu" else None
+    tensors = load_prepared(cache_file)
+    fresh = tensors is None
+    if fresh:
+        tensors = fuse_hf_state_dict(cfg, read_safetensors_dir(path))
+    panels = {k.removesuffix(PANELS): tensors.pop(k) for k in [k for k in tensors if k.endswith(PANELS)]}
+    with skip_weight_init(), torch.device("meta"):
         model = Transformer(cfg, max_len=1)
-    model.load_state_dict(sd, strict=False, assign=True)
+    model.load_state_dict(tensors, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     missing = [n for n, p in model.named_parameters() if p.is_meta]
@@ -215,12 +283,18 @@ def load_transformer(
     model._rope_len = 0
     model.rope_cos = torch.empty(0)
     model.rope_sin = torch.empty(0)
-    model = model.to(device=device, dtype=dtype)
+    if fresh:  # a prepared file holds the final dtypes already (mixed, for bf16w)
+        model = model.to(device=device, dtype=_COMPUTE[precision])
     model.ensure_rope(max_len or min(cfg.max_position_embeddings, 4096))
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     if precision == "bf16w":
-        use_bf16_weights(model)
+        use_bf16_weights(model, panels)
+    if fresh and cache_file is not None:
+        state = {k: v for k, v in model.state_dict().items()
+                 if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+        state.update({name + PANELS: data for name, data in bf16w_panels(model).items()})
+        save_prepared(cache_file, state)
     pack_cpu_bf16_linears(model)
     return model

@@ -13,6 +13,7 @@ projection, gate/up into one) to cut the number of kernels a decode step launche
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -307,9 +308,9 @@ class _Bf16WeightLinearForward:
     plain fp32 path over the same (bf16-rounded) weight values. The weight is packed
     for the kernel once, here: later in-place changes to it are not seen."""
 
-    def __init__(self, module: nn.Linear) -> None:
+    def __init__(self, module: nn.Linear, packed: PackedBf16 | None = None) -> None:
         self.module = module
-        self.packed = PackedBf16(module.weight.detach())
+        self.packed = packed or PackedBf16(module.weight.detach())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
@@ -325,11 +326,14 @@ def linear_input_dtype(mod: nn.Linear) -> torch.dtype:
     return torch.float32 if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward) else mod.weight.dtype
 
 
-def use_bf16_weights(model: nn.Module, embeddings: bool = True) -> int:
+def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = None,
+                     embeddings: bool = True) -> int:
     """Store every `nn.Linear` weight (and, with `embeddings`, embedding table) of
     `model` in bf16 and run the linears through the native bf16-weight/fp32-compute
     kernel; everything else (norms, rotary tables, KV cache, activations) stays fp32.
-    Tied weights stay tied. Returns how many linears were switched."""
+    Tied weights stay tied. `panels`: the kernel's packing of each linear by module
+    name, made earlier (`bf16w_panels`); the others are packed here. Returns how many
+    linears were switched."""
     converted: dict[int, nn.Parameter] = {}
 
     def to_bf16(p: nn.Parameter) -> nn.Parameter:
@@ -341,12 +345,40 @@ def use_bf16_weights(model: nn.Module, embeddings: bool = True) -> int:
     for mod in model.modules():
         if embeddings and isinstance(mod, nn.Embedding):
             mod.weight = to_bf16(mod.weight)
-    for mod in model.modules():
-        if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu":
+    panels = panels or {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu" and "forward" not in mod.__dict__:
             mod.weight = to_bf16(mod.weight)
-            mod.forward = _Bf16WeightLinearForward(mod)
+            ready = panels.get(name)
+            packed = None if ready is None else PackedBf16.from_panels(ready, mod.out_features)
+            mod.forward = _Bf16WeightLinearForward(mod, packed)
             n += 1
     return n
+
+
+def bf16w_panels(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The native kernel's packing of each bf16w linear of `model`, by module name."""
+    return {name: mod.forward.packed.data for name, mod in model.named_modules()
+            if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward)}
+
+
+@contextmanager
+def skip_weight_init():
+    """Build `nn.Linear` / `nn.Embedding` without drawing random weights, for modules
+    whose weights a checkpoint replaces next. The draw is a quarter of a start-up (and,
+    on the meta device, imports torch's decompositions: over a second)."""
+    saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding)}
+    try:
+        for cls in saved:
+            cls.reset_parameters = _no_init
+        yield
+    finally:
+        for cls, fn in saved.items():
+            cls.reset_parameters = fn
+
+
+def _no_init(self: nn.Module) -> None:
+    pass
 
 
 class Transformer(nn.Module):
@@ -362,7 +394,10 @@ class Transformer(nn.Module):
         self._rope_len = 0
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self.ensure_rope(max_len or min(cfg.max_position_embeddings, 4096))
+        # Not on the meta device (a loader's skeleton): meta arithmetic imports torch's
+        # compiler stack, seconds of a start; the loader builds the tables on the real one.
+        if not self.embed_tokens.weight.is_meta:
+            self.ensure_rope(max_len or min(cfg.max_position_embeddings, 4096))
 
     @property
     def device(self) -> torch.device:

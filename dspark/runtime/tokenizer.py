@@ -1,31 +1,62 @@
-"""Tokenizer and chat template, from transformers (local files only, no remote code)."""
+"""Tokenizer and chat template of a model directory (local files only, no remote code).
+
+A directory whose tokenizer.json is the whole tokenizer (what transformers itself
+writes: the default model, converted GGUF files) is read by the `tokenizers` library
+and its chat template rendered with jinja2 the way transformers renders it, which
+spares a start-up the import of transformers (over a second). Anything else, and
+anything a template needs beyond that (e.g. `{% generation %}` blocks), goes through
+transformers' AutoTokenizer, loaded on first use as `tok`.
+"""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from functools import cached_property
 from pathlib import Path
+
+#: tokenizer classes whose tokenizer.json holds all of their behaviour
+_PLAIN_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
 class Tokenizer:
     def __init__(self, path: str | Path, extra_eos_ids: list[int] | tuple[int, ...] = ()) -> None:
+        self.path = Path(path)
+        self._fast = _read_plain(self.path)
+        if self._fast is None:
+            eos_id = self.tok.eos_token_id
+        else:
+            eos_id = self._fast.backend.token_to_id(self._fast.special.get("eos_token") or "")
+        self.eos_token_ids = sorted(set(extra_eos_ids) | ({eos_id} if eos_id is not None else set()))
+
+    @cached_property
+    def tok(self):
+        """transformers' tokenizer of the directory (loaded on first use)."""
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
-        eos = set(extra_eos_ids)
-        if self.tok.eos_token_id is not None:
-            eos.add(self.tok.eos_token_id)
-        self.eos_token_ids = sorted(eos)
+        return AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False, local_files_only=True)
 
     @property
     def vocab_size(self) -> int:
+        if self._fast is not None:
+            return self._fast.backend.get_vocab_size(with_added_tokens=True)
         return len(self.tok)
 
     def encode(self, text: str) -> list[int]:
+        if self._fast is not None:
+            return self._fast.backend.encode(text, add_special_tokens=False).ids
         return self.tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._fast is not None:
+            return self._fast.backend.decode(ids, skip_special_tokens=skip_special_tokens)
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if self._fast is not None:
+            text = self._fast.render(messages)
+            if text is not None:
+                return self.encode(text)
         if self.tok.chat_template is None:
             # A base model without a template: plain concatenation of the contents.
             return self.encode("\n".join(m["content"] for m in messages))
@@ -36,6 +67,79 @@ class Tokenizer:
 
     def chat_prompt(self, prompt: str) -> list[int]:
         return self.apply_chat_template([{"role": "user", "content": prompt}])
+
+
+class _PlainTokenizer:
+    """tokenizer.json through `tokenizers`, the chat template through jinja2."""
+
+    def __init__(self, backend, special: dict[str, str], template: str | None) -> None:
+        self.backend = backend
+        self.special = special
+        self.template = template
+        self._compiled = None
+
+    def render(self, messages: list[dict]) -> str | None:
+        """The template applied to `messages` with the generation prompt; None where
+        this renderer cannot (no template, or one that needs transformers' extensions)."""
+        if self.template is None:
+            return None
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        try:
+            if self._compiled is None:
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                    extensions=["jinja2.ext.loopcontrols"])
+                # As transformers: JSON without HTML escaping, errors a template raises.
+                env.filters["tojson"] = _tojson
+                env.globals["raise_exception"] = _raise
+                env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+                self._compiled = env.from_string(self.template)
+            return self._compiled.render(messages=messages, add_generation_prompt=True, tools=None,
+                                         documents=None, **self.special)
+        except jinja2.TemplateSyntaxError:
+            return None
+
+
+def _tojson(x, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise(message: str) -> None:
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _read_plain(path: Path) -> _PlainTokenizer | None:
+    """The directory's tokenizer without transformers, where its tokenizer.json is the
+    whole tokenizer; None otherwise."""
+    try:
+        cfg = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if (cfg.get("tokenizer_class") not in _PLAIN_CLASSES or cfg.get("clean_up_tokenization_spaces")
+            or cfg.get("added_tokens_decoder") or not (path / "tokenizer.json").is_file()):
+        return None
+    template = cfg.get("chat_template")
+    if (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text()
+    if not (template is None or isinstance(template, str)):
+        return None  # named templates: transformers picks one
+    special = {}
+    for name in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        value = cfg.get(name)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            special[name] = value
+    from tokenizers import Tokenizer as Backend
+
+    try:
+        backend = Backend.from_file(str(path / "tokenizer.json"))
+    except Exception:  # a tokenizer.json this tokenizers version cannot read: transformers decides
+        return None
+    return _PlainTokenizer(backend, special, template)
 
 
 class IncrementalDetokenizer:

@@ -1,0 +1,100 @@
+"""Fast start-up: the prepared-layout cache, the cached precision choice and the
+tokenizer read without transformers must give exactly what the slow paths give."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.runtime import cpu_kernels, prepared
+from dspark.runtime.batch import FlatBatch
+from dspark.runtime.kv_cache import KVCachePool
+from dspark.runtime.loader import cached_choose_precision, load_transformer
+from dspark.runtime.tokenizer import Tokenizer
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:
+    cache = KVCachePool(model.cfg, 1, 64, model.dtype, model.device)
+    batch = FlatBatch(torch.tensor(ids), torch.arange(len(ids)), [0], [0, len(ids)])
+    return model(batch, cache)[0]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16w"])
+def test_prepared_layout_is_mapped_and_exact(tiny_hf, tmp_path, monkeypatch, precision):
+    kind, path, _ = tiny_hf
+    if precision == "bf16w" and not cpu_kernels.available():
+        pytest.skip(f"native kernel unavailable: {cpu_kernels.why_unavailable()}")
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(prepared, "MIN_BYTES", 0)
+    ids = [3, 17, 5, 99, 42, 8]
+    fresh = load_transformer(path, precision)
+    cache_file = prepared.prepared_path(path, precision)
+    assert cache_file is not None and cache_file.is_file()
+    mapped = load_transformer(path, precision)
+    assert torch.equal(_logits(fresh, ids), _logits(mapped, ids))
+    assert mapped.precision == precision
+    # The mapped model's bf16w panels are the stored ones, not packed again.
+    if precision == "bf16w":
+        assert mapped.layers[0].qkv_proj.forward.packed.data.dtype == torch.bfloat16
+    # A changed checkpoint is a new key; a corrupt prepared file is prepared again.
+    cache_file.write_bytes(b"not safetensors")
+    again = load_transformer(path, precision)
+    assert torch.equal(_logits(fresh, ids), _logits(again, ids))
+    assert cache_file.stat().st_size > 100
+
+
+def test_small_checkpoints_are_not_prepared(tiny_hf, tmp_path, monkeypatch):
+    _, path, _ = tiny_hf
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    assert prepared.prepared_path(path, "fp32") is None
+    monkeypatch.setattr(prepared, "MIN_BYTES", 0)
+    monkeypatch.setenv("DSPARK_NO_PREPARED", "1")
+    assert prepared.prepared_path(path, "fp32") is None
+
+
+def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
+    from dspark.runtime import loader
+
+    _, path, _ = tiny_hf
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    cfg = load_transformer(path, "fp32").cfg
+    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("fp32", "dtype auto: fp32 (x)", True))
+    assert cached_choose_precision(cfg) == ("fp32", "dtype auto: fp32 (x)")
+
+    def fail(cfg, repeats):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(loader, "_measure_precisions", fail)
+    picked, line = cached_choose_precision(cfg)
+    assert picked == "fp32" and "measured earlier" in line
+    # A noisy measurement is not kept.
+    other = loader.ModelConfig(**{**cfg.__dict__, "hidden_size": cfg.hidden_size * 2})
+    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("bf16w", "dtype auto: bf16w", False))
+    assert cached_choose_precision(other)[0] == "bf16w"
+    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("fp32", "dtype auto: fp32", True))
+    assert cached_choose_precision(other)[0] == "fp32"
+
+
+TEXTS = ["hi", "Hello, world! It's 3.5 ° — ünïcödé 中文 😀", "<|im_start|>user\nx<|im_end|>",
+         "  lead  and trail  \n\n\t", "don't  .  , ?"]
+
+
+def test_plain_tokenizer_equals_transformers():
+    from dspark.runtime.default_model import default_model_dir
+
+    tok = Tokenizer(default_model_dir())
+    assert tok._fast is not None, "the default model's tokenizer should not need transformers"
+    hf = tok.tok
+    assert tok.vocab_size == len(hf) and tok.eos_token_ids == [hf.eos_token_id]
+    for text in TEXTS:
+        ids = hf.encode(text, add_special_tokens=False)
+        assert tok.encode(text) == ids
+        ids = ids + [hf.eos_token_id, 1, 0]
+        for skip in (True, False):
+            assert tok.decode(ids, skip) == hf.decode(ids, skip_special_tokens=skip)
+        for msgs in ([{"role": "user", "content": text}],
+                     [{"role": "system", "content": "be brief"}, {"role": "user", "content": text},
+                      {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]):
+            want = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            want = list(want["input_ids"] if hasattr(want, "keys") else want)
+            assert tok.apply_chat_template(msgs) == want
