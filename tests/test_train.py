@@ -475,3 +475,30 @@ def test_init_from_target_copies_the_last_layers(tiny_dir, tiny_target):
                                 block_size=5, num_hidden_layers=2, target_layer_ids=[0, 3])
     with pytest.raises(UserError, match="needs target layer 1"):
         init_from_target(wrong_taps, tiny_target.model)
+
+
+def test_per_block_attention_equals_the_block_diagonal_mask(tiny_target):
+    """The two training paths of the block drafters' backbone (per-block scores, one
+    masked attention over all blocks) give the same outputs and gradients."""
+    from dspark.drafters import create_drafter
+    from dspark.train.objectives import block_diagonal_mask
+
+    d = create_drafter("dspark", tiny_target, seed=1, dtype=torch.float32, markov_rank=8, block_size=5)
+    g = torch.Generator().manual_seed(2)
+    b, s, a, q = 2, 12, 3, 5
+    hidden = torch.randn(b, s, len(d.target_layer_ids), 64, generator=g)
+    anchors = torch.tensor([[1, 4, 9], [0, 6, 11]])
+    see = torch.arange(s).view(1, 1, s) < anchors.view(b, a, 1)
+    x = torch.randn(b, a * q, 64, generator=g)
+    pos = (anchors.unsqueeze(-1) + torch.arange(q)).flatten(1)
+    outs, grads = [], []
+    for per_block in (True, False):
+        d.zero_grad(set_to_none=True)
+        ctx = d.context_kv(d.context_features(hidden), torch.arange(s).expand(b, s))
+        h = d.run_backbone_blocks(x, pos, ctx, see) if per_block else \
+            d.run_backbone(x, pos, ctx, block_diagonal_mask(see, q))
+        h.pow(2).sum().backward()
+        outs.append(h.detach())
+        grads.append(d.layers[0].self_attn.q_proj.weight.grad.clone())
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-4)

@@ -7,8 +7,9 @@ the target's logits at row a+k (teacher forcing: the target reads the data token
 
 * Block drafters (dspark, dflash): every block [anchor, mask, ..., mask] attends to
   the injected context features of positions < a and to itself (non-causal), all
-  blocks of a sequence in one backbone forward (`run_backbone_blocks`: a block scores
-  its context and its own keys only, never another block's). Drafted
+  blocks of a sequence in one backbone forward (when the blocks' keys outnumber the
+  context's, `run_backbone_blocks` scores each block against its own keys only;
+  otherwise one masked SDPA over all of them, which is faster for long contexts). Drafted
   token k comes from block slot k + 1 (slot k with `sample_from_anchor`). q_k
   includes the Markov bias of the TRUE previous token (the anchor for k = 0).
 * Eagle3: training-time test. Step 1 runs the causal drafter over every pair
@@ -91,6 +92,16 @@ class Drafted:
     conf_logits: torch.Tensor | None  # [N]
 
 
+def block_diagonal_mask(see_ctx: torch.Tensor, q: int) -> torch.Tensor:
+    """[B, A, S] context visibility per block -> [B, 1, A*Q, S + A*Q]: each block's
+    queries see their context and their own block."""
+    b, a, s = see_ctx.shape
+    ctx = see_ctx.unsqueeze(2).expand(b, a, q, s).reshape(b, a * q, s)
+    block_of = torch.arange(a, device=see_ctx.device).repeat_interleave(q)  # [A*Q]
+    own = (block_of.view(-1, 1) == block_of.view(1, -1)).expand(b, -1, -1)  # [B, A*Q, A*Q]
+    return torch.cat([ctx, own], dim=-1).unsqueeze(1)
+
+
 def block_forward(drafter: DSparkDrafter, batch: AnchorBatch, hidden: torch.Tensor) -> Drafted:
     """DSpark/DFlash over every anchor's block. `hidden` [B, S, taps, H]."""
     tokens, anchors = batch.tokens, batch.anchors
@@ -106,7 +117,15 @@ def block_forward(drafter: DSparkDrafter, batch: AnchorBatch, hidden: torch.Tens
     q_pos = (anchors.unsqueeze(-1) + torch.arange(q, device=dev)).flatten(1)  # [B, A*Q]
     see_ctx = torch.arange(s, device=dev).view(1, 1, s) < anchors.view(b, a, 1)  # [B, A, S]
     first = drafter.config.first_draft_slot
-    h = drafter.run_backbone_blocks(x, q_pos, context, see_ctx).view(b, a, q, -1)[:, :, first : first + gamma]
+    if a * q >= s:
+        # the blocks' keys outnumber the context's: score each block against its own
+        # keys only (measured: 23 % faster at S=200, 448 block queries)
+        h = drafter.run_backbone_blocks(x, q_pos, context, see_ctx)
+    else:
+        # a long context dominates: SDPA's fused kernel over [context ; all blocks] with
+        # a block-diagonal mask is faster (18 % at S=800) despite the wasted pairs
+        h = drafter.run_backbone(x, q_pos, context, block_diagonal_mask(see_ctx, q))
+    h = h.view(b, a, q, -1)[:, :, first : first + gamma]
     h = drafter.norm(h)  # [B, A, γ, H]
     valid = batch.valid
     rows = valid.any(-1)  # blocks with at least one label
