@@ -76,6 +76,7 @@ def dashboard_state(state, since: float | None = None) -> dict:
     import torch  # loaded already: the engine runs on it
 
     out["events"] = {"drafter_skips": getattr(engine.policy, "skipped_steps", 0),
+                     "request_skips": runner.gate.skipped,
                      "drafter_faults": runner.drafter_errors,
                      "thread_fallbacks": watch.fallbacks if watch is not None else 0,
                      "slow_windows": watch.slow_windows if watch is not None else 0,

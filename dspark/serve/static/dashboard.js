@@ -135,6 +135,7 @@ function drawSteps(st) {
 function drawEvents(st) {
   const e = st.events;
   const rows = [["drafter skipped (async policy: drafting did not pay)", "drafter_skips", !!st.speculative],
+                ["requests left out of drafting (verified nothing lately), request-steps", "request_skips", !!st.speculative],
                 ["drafter faults survived", "drafter_faults", !!st.speculative],
                 ["thread fallbacks (other processes took cores)", "thread_fallbacks", true],
                 ["slow windows (steps over 3x their reference)", "slow_windows", true],
@@ -146,7 +147,7 @@ function drawEvents(st) {
     const seen = eventSeen[key];
     if (seen && seen.value !== e[key]) seen.changedAt = now;
     eventSeen[key] = { value: e[key], changedAt: seen ? seen.changedAt : 0 };
-    const hot = key !== "drafter_skips" && now - eventSeen[key].changedAt < 60000;
+    const hot = key !== "drafter_skips" && key !== "request_skips" && now - eventSeen[key].changedAt < 60000;
     html.push(`<tr class="${hot ? "hot" : ""}"><td>${label}</td><td class="n">${e[key]}</td></tr>`);
   }
   const reduced = e.threads < e.threads_wanted;
