@@ -34,7 +34,7 @@ def main() -> None:
     from dspark.drafters import create_drafter
     from dspark.drafters.base import DraftRequest
     from dspark.runtime.batch import FlatBatch
-    from dspark.runtime.model import pack_cpu_bf16_linears
+    from dspark.runtime.weight_formats import pack_cpu_bf16_linears
     from dspark.runtime.target import Target
     from dspark.sampling import SamplingParams
 

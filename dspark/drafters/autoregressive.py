@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark.runtime.model import RMSNorm, linear_input_dtype
+from dspark.runtime.model import RMSNorm
+from dspark.runtime.weight_formats import linear_input_dtype
 
 from .base import DraftOutput, DraftRequest, choose_tokens
 from .config import DrafterConfig

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark.runtime.model import linear_input_dtype
+from dspark.runtime.weight_formats import linear_input_dtype
 
 
 class MarkovHead(nn.Module):

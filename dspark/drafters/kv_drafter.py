@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dspark.runtime.kv_cache import KVCachePool
-from dspark.runtime.model import linear_input_dtype
+from dspark.runtime.weight_formats import linear_input_dtype
 
 from .base import DraftRequest, Drafter
 from .config import DrafterConfig

@@ -150,7 +150,7 @@ def build_drafter(spec: SpeculativeConfig, target):
         sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
                               min_ngram=spec.prompt_lookup_min, **sizes)
-    from dspark.runtime.model import pack_cpu_bf16_linears, use_bf16_weights
+    from dspark.runtime.weight_formats import pack_cpu_bf16_linears, use_bf16_weights
 
     path = spec.drafter_path(target.name)
     if path is None:

@@ -16,7 +16,8 @@ from safetensors import safe_open
 from dspark.errors import UserError
 
 from .config import ConfigError, ModelConfig
-from .model import Transformer, bf16w_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights
+from .model import Transformer
+from .weight_formats import bf16w_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights
 from .prepared import PANELS, load_prepared, prepared_path, save_prepared
 
 
@@ -111,7 +112,7 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     import time
 
     from . import cpu_kernels
-    from .model import _Bf16WeightLinearForward
+    from .weight_formats import _Bf16WeightLinearForward
 
     if not cpu_kernels.available():
         why = cpu_kernels.why_unavailable()

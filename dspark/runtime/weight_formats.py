@@ -1,0 +1,139 @@
+"""How a linear layer's weights are stored and computed at inference, and building
+modules without random weights.
+
+- `bf16w`: weights in bf16, packed once into the native kernel's panels, computed in
+  fp32 (`use_bf16_weights`, `bf16w_panels`, `linear_input_dtype`);
+- `bf16` on a CPU: oneDNN with the weight pre-packed (`pack_cpu_bf16_linears`);
+- `skip_weight_init`: build `nn.Linear` / `nn.Embedding` whose weights a checkpoint
+  replaces next, without drawing random ones.
+
+Each switches a module's `forward` in place; the module keeps its parameters (and
+autograd a plain path over them).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cpu_kernels import PackedBf16, gemm_bf16w
+
+
+class _PackedLinearForward:
+    """CPU bf16 inference through oneDNN with the weight pre-packed once.
+
+    On these CPUs a pre-packed bf16 weight runs a decode-sized matmul about 2x faster
+    than `F.linear` and gives bit-identical results (measured: scripts/bench_runtime.py).
+    Used only when autograd is off; training keeps the plain path."""
+
+    def __init__(self, module: nn.Linear) -> None:
+        self.module = module
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 1)
+        self.plain = module.forward
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if torch.is_grad_enabled() or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+            return self.plain(x)
+        bias = None if m.bias is None else m.bias.detach()
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, m.in_features), self.packed, bias, "none", [], "")
+        return out.view(*x.shape[:-1], m.out_features)
+
+
+def pack_cpu_bf16_linears(model: nn.Module) -> int:
+    """Switch every bf16 CPU `nn.Linear` of `model` to pre-packed oneDNN weights for
+    inference. Returns how many were packed (0 where oneDNN is unavailable)."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return 0
+    n = 0
+    for mod in model.modules():
+        if (isinstance(mod, nn.Linear) and mod.weight.dtype == torch.bfloat16 and mod.weight.device.type == "cpu"
+                and "forward" not in mod.__dict__):  # not already switched (bf16w)
+            try:
+                mod.forward = _PackedLinearForward(mod)
+            except RuntimeError:  # this oneDNN build has no bf16 path for this CPU (AVX2 only)
+                return n
+            n += 1
+    return n
+
+
+class _Bf16WeightLinearForward:
+    """`nn.Linear` with its weight stored in bf16 and computed in fp32 by the native
+    AVX2 kernel (`cpu_kernels.gemm_bf16w`): the `bf16w` precision. Autograd keeps a
+    plain fp32 path over the same (bf16-rounded) weight values. The weight is packed
+    for the kernel once, here: later in-place changes to it are not seen."""
+
+    def __init__(self, module: nn.Linear, packed: PackedBf16 | None = None) -> None:
+        self.module = module
+        self.packed = packed or PackedBf16(module.weight.detach())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
+            bias = None if m.bias is None else m.bias.float()
+            return F.linear(x.float(), m.weight.float(), bias).to(x.dtype)
+        return gemm_bf16w(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
+
+
+def linear_input_dtype(mod: nn.Linear) -> torch.dtype:
+    """The dtype a linear's input should have: fp32 for a bf16w linear (bf16 weights,
+    fp32 compute), else its weight's."""
+    return torch.float32 if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward) else mod.weight.dtype
+
+
+def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = None,
+                     embeddings: bool = True) -> int:
+    """Store every `nn.Linear` weight (and, with `embeddings`, embedding table) of
+    `model` in bf16 and run the linears through the native bf16-weight/fp32-compute
+    kernel; everything else (norms, rotary tables, KV cache, activations) stays fp32.
+    Tied weights stay tied. `panels`: the kernel's packing of each linear by module
+    name, made earlier (`bf16w_panels`); the others are packed here. Returns how many
+    linears were switched."""
+    converted: dict[int, nn.Parameter] = {}
+
+    def to_bf16(p: nn.Parameter) -> nn.Parameter:
+        if id(p) not in converted:
+            converted[id(p)] = nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False)
+        return converted[id(p)]
+
+    n = 0
+    for mod in model.modules():
+        if embeddings and isinstance(mod, nn.Embedding):
+            mod.weight = to_bf16(mod.weight)
+    panels = panels or {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu" and "forward" not in mod.__dict__:
+            mod.weight = to_bf16(mod.weight)
+            ready = panels.get(name)
+            packed = None if ready is None else PackedBf16.from_panels(ready, mod.out_features)
+            mod.forward = _Bf16WeightLinearForward(mod, packed)
+            n += 1
+    return n
+
+
+def bf16w_panels(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The native kernel's packing of each bf16w linear of `model`, by module name."""
+    return {name: mod.forward.packed.data for name, mod in model.named_modules()
+            if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward)}
+
+
+@contextmanager
+def skip_weight_init():
+    """Build `nn.Linear` / `nn.Embedding` without drawing random weights, for modules
+    whose weights a checkpoint replaces next. The draw is a quarter of a start-up (and,
+    on the meta device, imports torch's decompositions: over a second)."""
+    saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding)}
+    try:
+        for cls in saved:
+            cls.reset_parameters = _no_init
+        yield
+    finally:
+        for cls, fn in saved.items():
+            cls.reset_parameters = fn
+
+
+def _no_init(self: nn.Module) -> None:
+    pass
