@@ -76,6 +76,10 @@ class ServingMetrics:
                                       "Drafter faults survived (a raising or non-finite draft, a failed context "
                                       "update); the requests concerned decoded without speculation.",
                                       const_labels=c)
+        self.request_skips = Counter(p + "spec_decode_request_skips_total",
+                                     "Request-steps left out of drafting because the scheduler verified "
+                                     "nothing for the request on its last drafted steps (probed with backoff).",
+                                     const_labels=c)
         self.lookup_tokens = Counter(p + "spec_decode_lookup_tokens_total",
                                      "Hybrid drafting: drafted tokens that came from prompt lookup.", const_labels=c)
         self.lookup_ece = Gauge(p + "spec_decode_lookup_calibration_ece",
@@ -100,7 +104,7 @@ class ServingMetrics:
         self.table_refreshes = Counter(p + "step_time_table_refreshes_total",
                                        "Step-time table rescaled while serving: the median step over 128 steps "
                                        "was off by more than 1.5x with the CPU otherwise idle.", const_labels=c)
-        self._engine_seen = {"errors": 0, "lookup": 0, "slow": 0, "refreshes": 0}
+        self._engine_seen = {"errors": 0, "lookup": 0, "slow": 0, "refreshes": 0, "skips": 0}
         self._ece_at = float("-inf")
         #: position -> (predicted, observed, trials), refreshed with the gauges
         self.calibration_positions: dict[int, tuple[float, float, int]] = {}
@@ -110,7 +114,8 @@ class ServingMetrics:
                           self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.accepted_per_pos,
                           self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                           self.kv_slots_used, self.drafter_requests,
-                          self.drafter_errors, self.threads, self.slow_windows, self.table_refreshes]
+                          self.drafter_errors, self.request_skips, self.threads, self.slow_windows,
+                          self.table_refreshes]
         self._hybrid_families = [self.lookup_tokens, self.lookup_ece]
         self._calibration_families = [self.calibration_ece, self.predicted_acceptance, self.observed_acceptance]
         self.calibration_ece.set(float("nan"))
@@ -168,6 +173,8 @@ class ServingMetrics:
         runner, seen = engine.runner, self._engine_seen
         self.drafter_errors.inc(runner.drafter_errors - seen["errors"])
         seen["errors"] = runner.drafter_errors
+        self.request_skips.inc(runner.gate.skipped - seen["skips"])
+        seen["skips"] = runner.gate.skipped
         self.threads.set(torch.get_num_threads())
         watch = getattr(engine, "step_watch", None)
         if watch is not None:
