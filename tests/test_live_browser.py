@@ -21,10 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dspark.engine.engine import EngineConfig, LLMEngine
-from dspark.serve import ServeConfig, ServerThread, create_app
-
-from test_dashboard import KEY, spec_engine
+# the servers: module-scoped fixtures of test_dashboard, built once more for this module
+from test_dashboard import KEY, plain_server, spec_server  # noqa: F401
 
 CHROMIUM = os.environ.get("DSPARK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -44,20 +42,6 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
-
-
-@pytest.fixture(scope="module")
-def spec_server(default_target_fp32):
-    app = create_app(spec_engine(default_target_fp32), ServeConfig(api_key=KEY, log_interval=0))
-    with ServerThread(app) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def plain_server(default_target_fp32):
-    engine = LLMEngine(default_target_fp32, None, EngineConfig(max_num_seqs=4, max_model_len=512))
-    with ServerThread(create_app(engine, ServeConfig(log_interval=0))) as srv:
-        yield srv
 
 
 @pytest.fixture
