@@ -81,9 +81,8 @@ def test_skipped_steps_feed_nothing_and_the_drafter_catches_up_exactly(default_t
     sparse, sparse_drafter, _ = _run(target, prompts, DraftEvery(3, 2))
     assert every == plain and sparse == plain
     # fed once per drafting step (a catch-up call), not once per step
-    steps_with_draft = sparse_drafter.drafted_requests and len({k[1] for k in sparse_drafter.drafts})
-    assert sparse_drafter.appends < every_drafter.appends
-    assert steps_with_draft
+    assert 0 < sparse_drafter.appends < every_drafter.appends
+    assert sparse_drafter.drafted_requests > 0
     # where both runs drafted at the same anchor, the drafter saw the same context
     common = set(every_drafter.drafts) & set(sparse_drafter.drafts)
     assert len(common) >= 5

@@ -249,7 +249,7 @@ def test_client_disconnect_aborts_and_frees_the_kv_slot(server):
     m = scrape(server.url)
     assert m["dspark:kv_cache_usage_perc"] == 0
     assert m["dspark:kv_slots_used"] == 0 and m["dspark:spec_decode_drafter_requests"] == 0  # the leak gauges
-    assert m["dspark:spec_decode_request_skips_total"] >= 0  # exported from the start
+    assert "dspark:spec_decode_request_skips_total" in m  # exported from the start
     assert m['dspark:request_success_total{finished_reason="abort"}'] == aborted + 1
 
     # A client that gives up on a non-streamed request is noticed too.

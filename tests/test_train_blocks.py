@@ -1,0 +1,68 @@
+"""The block drafters' start and training attention: `--init target` against
+transformers, and the two attention paths of the teacher-forced backbone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_train import TINY_VOCAB, tiny_dir, tiny_target  # noqa: F401  (shared fixtures)
+
+
+def test_init_from_target_copies_the_last_layers(tiny_dir, tiny_target):
+    """`--init target`: drafter layer j computes what target layer L-N+j computes, and the
+    injected values of drafter layer 0 are the values target layer L-N computes from its
+    input, the tapped output of layer L-N-1 (checked against transformers)."""
+    from transformers import LlamaForCausalLM
+
+    from dspark.drafters import create_drafter
+    from dspark.errors import UserError
+    from dspark.train.init import init_from_target
+
+    hf = LlamaForCausalLM.from_pretrained(str(tiny_dir), torch_dtype=torch.float32).eval()
+    d = create_drafter("dspark", tiny_target, seed=1, dtype=torch.float32, markov_rank=8, block_size=5,
+                       num_hidden_layers=2, target_layer_ids=[0, 1, 3])
+    lines = init_from_target(d, tiny_target.model)
+    assert any("layer 0 <- target layer 2" in x for x in lines)
+    ids = torch.randint(3, TINY_VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        states = hf(ids, output_hidden_states=True).hidden_states  # [0] = embeddings, [l + 1] = layer l
+        taps = torch.stack([states[t + 1] for t in d.target_layer_ids], dim=-2)  # [1, 9, taps, H]
+        feats = d.context_features(taps)
+        ref_layer = hf.model.layers[2]
+        torch.testing.assert_close(d.layers[0].self_attn.v_proj(feats),
+                                   ref_layer.self_attn.v_proj(ref_layer.input_layernorm(states[2])))
+        x = torch.randn(5, 64)
+        torch.testing.assert_close(d.layers[1].mlp(x), hf.model.layers[3].mlp(x))
+        torch.testing.assert_close(d.layers[1].self_attn.q_proj(x), hf.model.layers[3].self_attn.q_proj(x))
+    wrong_taps = create_drafter("dspark", tiny_target, seed=1, dtype=torch.float32, markov_rank=8,
+                                block_size=5, num_hidden_layers=2, target_layer_ids=[0, 3])
+    with pytest.raises(UserError, match="needs target layer 1"):
+        init_from_target(wrong_taps, tiny_target.model)
+
+
+def test_per_block_attention_equals_the_block_diagonal_mask(tiny_target):
+    """The two training paths of the block drafters' backbone (per-block scores, one
+    masked attention over all blocks) give the same outputs and gradients."""
+    from dspark.drafters import create_drafter
+    from dspark.train.objectives import block_diagonal_mask
+
+    d = create_drafter("dspark", tiny_target, seed=1, dtype=torch.float32, markov_rank=8, block_size=5)
+    g = torch.Generator().manual_seed(2)
+    b, s, a, q = 2, 12, 3, 5
+    hidden = torch.randn(b, s, len(d.target_layer_ids), 64, generator=g)
+    anchors = torch.tensor([[1, 4, 9], [0, 6, 11]])
+    see = torch.arange(s).view(1, 1, s) < anchors.view(b, a, 1)
+    x = torch.randn(b, a * q, 64, generator=g)
+    pos = (anchors.unsqueeze(-1) + torch.arange(q)).flatten(1)
+    outs, grads = [], []
+    for per_block in (True, False):
+        d.zero_grad(set_to_none=True)
+        ctx = d.context_kv(d.context_features(hidden), torch.arange(s).expand(b, s))
+        h = d.run_backbone_blocks(x, pos, ctx, see) if per_block else \
+            d.run_backbone(x, pos, ctx, block_diagonal_mask(see, q))
+        h.pow(2).sum().backward()
+        outs.append(h.detach())
+        grads.append(d.layers[0].self_attn.q_proj.weight.grad.clone())
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-4)
