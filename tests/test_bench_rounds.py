@@ -124,7 +124,9 @@ def test_interleaved_sweep_sees_through_drift(tmp_path, prompts):
         for key in ("output_throughput", "per_user_tps"):
             ratio = row[key]
             assert len(ratio["per_round"]) == 4 and ratio["spread"][0] <= ratio["median"] <= ratio["spread"][1]
-            assert 1.1 < ratio["median"] < 1.4, (c, key, ratio)  # the truth is 1.25
+            # the truth is 1.25; the bounds leave room for a busy machine's own noise, while
+            # configurations measured one after another come out below 1 (the next test)
+            assert 1.0 < ratio["median"] < 1.6, (c, key, ratio)
     md = (tmp_path / "s" / "sweep.md").read_text()
     assert "4 round(s), all servers up together" in md and "## Against a" in md
     assert "| b | 1." in md and "*" not in md.split("## Against a")[1].split("##")[0]
@@ -163,7 +165,7 @@ def test_bench_ab_prints_the_paired_ratio(tmp_path, prompts, capsys):
     line = next(x for x in out.out.splitlines() if x.startswith("c=1: b / a = "))
     assert "paired over 3 round(s)" in line and "output tok/s" in line
     median = float(line.split(" = ")[1].split()[0])
-    assert 1.1 < median < 1.4, line
+    assert 1.0 < median < 1.6, line  # the truth is 1.25 (bounds: see the sweep test)
     assert "full report:" in out.err
     assert machine.requests == [name for name in "abbaab" for _ in range(2)]  # A B, B A, A B
 
