@@ -1,12 +1,14 @@
 """The block drafters' start and training attention: `--init target` against
-transformers, and the two attention paths of the teacher-forced backbone."""
+transformers, `--init DIR` (continuing from a trained drafter), and the two attention
+paths of the teacher-forced backbone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from test_train import TINY_VOCAB, tiny_dir, tiny_target  # noqa: F401  (shared fixtures)
+from test_train import (TINY_VOCAB, _log, tiny_data, tiny_dir, tiny_target, train_config,  # noqa: F401  (shared fixtures)
+                        trained)
 
 
 def test_init_from_target_copies_the_last_layers(tiny_dir, tiny_target):
@@ -66,3 +68,32 @@ def test_per_block_attention_equals_the_block_diagonal_mask(tiny_target):
         grads.append(d.layers[0].self_attn.q_proj.weight.grad.clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-4)
+
+
+def test_init_from_a_trained_drafter_continues_it(trained, tiny_target, tiny_data, tmp_path):
+    from safetensors.torch import load_file
+
+    from dspark.errors import UserError
+    from dspark.train import Trainer
+
+    before = load_file(str(trained["dspark"] / "model.safetensors"))
+    go_on = Trainer(train_config("dspark", tiny_data, tmp_path / "on", max_steps=4, init=str(trained["dspark"])),
+                    tiny_target)
+    state = go_on.drafter.state_dict()
+    for name, w in before.items():  # it starts as the trained drafter, vocabulary included
+        torch.testing.assert_close(state[name].float(), w.float(), atol=0, rtol=0)
+    assert all(p.requires_grad for p in go_on.drafter.parameters())
+    go_on.run()
+    fresh = Trainer(train_config("dspark", tiny_data, tmp_path / "fresh", max_steps=4), tiny_target)
+    fresh.run()
+    # 16 steps ahead at its start: a far lower loss than a random start's
+    assert _log(tmp_path / "on")[0]["loss"] < 0.9 * _log(tmp_path / "fresh")[0]["loss"]
+    after = load_file(str(tmp_path / "on" / "model.safetensors"))
+    assert any(not torch.equal(after[k], before[k]) for k in before)  # and it trained
+    for kw, message in (({"markov_rank": 16}, "markov_rank 16 (the drafter has 8)"),
+                        ({"method": "dflash"}, "is a dspark drafter, not dflash")):
+        with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            Trainer(train_config(kw.pop("method", "dspark"), tiny_data, tmp_path / "bad",
+                                 init=str(trained["dspark"]), **kw), tiny_target)
+    with pytest.raises(UserError, match="--init must be random, target or a trained drafter"):
+        train_config("dspark", tiny_data, tmp_path / "bad", init=str(tmp_path / "nowhere"))

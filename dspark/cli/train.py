@@ -37,10 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="DeepSpec's block convention (dspark/dflash): the anchor slot drafts the next token, so a "
                         "block of B slots drafts B tokens (default: the block is the anchor plus B-1 mask slots "
                         "that draft B-1 tokens); saved as sample_from_anchor, which the converters read")
-    s.add_argument("--init", choices=["random", "target"], default="random",
-                   help="dspark/dflash: start the layers as copies of the target's last layers and fc as a "
-                        "selection of the tap that feeds them (needs the drafter's sizes equal to the "
-                        "target's and that tap among --target-layer-ids) (default: %(default)s)")
+    s.add_argument("--init", default="random", metavar="{random,target,DIR}",
+                   help="random; target (dspark/dflash: start the layers as copies of the target's last layers "
+                        "and fc as a selection of the tap that feeds them; needs the drafter's sizes equal to "
+                        "the target's and that tap among --target-layer-ids); or DIR, a trained drafter of the "
+                        "same method to continue from on new data with a fresh schedule (its sizes, taps and "
+                        "draft vocabulary are kept; the size flags must agree or be left out) "
+                        "(default: %(default)s)")
     s.add_argument("--ttt-steps", type=int, default=7, help="eagle3 training-time-test steps (default: %(default)s)")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default: %(default)s)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from dspark.drafters.config import METHODS
 from dspark.errors import UserError
@@ -28,7 +29,8 @@ class TrainConfig:
     blocks_per_seq: int = 64  # anchors per sequence visit; an epoch trains every response position once
     draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent response tokens)
     sample_from_anchor: bool = False  # DeepSpec's block convention (block drafters)
-    init: str = "random"  # "target": block drafter layers start as the target's last layers (train/init.py)
+    init: str = "random"  # "target": block drafter layers start as the target's last layers (train/init.py);
+    # a directory: continue from that trained drafter (its sizes, taps and draft vocabulary)
     teacher_topk: int = 32  # p kept as its top-k
     position_decay: float = 4.0  # block position weights exp(-k/decay)
     lr: float = 6e-4
@@ -76,8 +78,8 @@ class TrainConfig:
             raise UserError("--lr must be > 0 and the minimum-lr ratio in [0, 1]")
         if self.time_limit_min is not None and self.time_limit_min <= 0:
             raise UserError(f"--time-limit-min must be > 0, got {self.time_limit_min}")
-        if self.init not in ("random", "target"):
-            raise UserError(f"--init must be random or target, got {self.init!r}")
+        if self.init not in ("random", "target") and not Path(self.init).is_dir():
+            raise UserError(f"--init must be random, target or a trained drafter's directory, got {self.init!r}")
         if self.init == "target" and self.method not in ("dspark", "dflash"):
             raise UserError(f"--init target applies to dspark and dflash, not {self.method}")
         if self.precision not in PRECISIONS:

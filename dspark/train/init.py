@@ -78,3 +78,29 @@ def init_from_target(drafter, target: Transformer) -> list[str]:
     drafter.hidden_norm.weight.copy_(target.layers[first].input_layernorm.weight.float())
     done.append(f"fc <- tap {slot} (target layer {source_tap}); hidden_norm <- layer {first}'s input norm")
     return done
+
+
+def continue_from(config, target, sizes: dict) -> torch.nn.Module:
+    """The trained drafter in `config.init` (a directory), in fp32 and training mode, to
+    continue from: its sizes, taps and draft vocabulary are kept, so any size flag given
+    must agree with it."""
+    from dspark.drafters import load_drafter
+    from dspark.drafters.checkpoint import DrafterCheckpointError
+    from dspark.errors import UserError
+
+    try:
+        drafter = load_drafter(config.init, target, dtype=torch.float32)
+    except DrafterCheckpointError as e:
+        raise UserError(f"--init {config.init}: {e}") from None
+    if drafter.method != config.method:
+        raise UserError(f"--init {config.init} is a {drafter.method} drafter, not {config.method}")
+    have = vars(drafter.config)
+    if config.draft_vocab_size:
+        sizes = {**sizes, "draft_vocab_size": config.draft_vocab_size}
+    differ = [f"{k} {v!r} (the drafter has {have.get(k)!r})" for k, v in sizes.items()
+              if k in have and have.get(k) != v]
+    if differ:
+        raise UserError(f"--init {config.init}: the drafter's sizes are kept, but the flags ask for "
+                        + "; ".join(differ))
+    drafter.requires_grad_(True)  # its own weights; the target's embeddings and head are not among them
+    return drafter.train()

@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.drafters import create_drafter, save_drafter
+from dspark.train.init import continue_from
 from dspark.drafters.factory import build_drafter
 from dspark.errors import UserError
 from dspark.runtime.target import Target
@@ -156,15 +157,18 @@ class Trainer:
         self.total_steps = config.max_steps or max(1, math.ceil(config.epochs * self.plan.steps_per_epoch))
         sizes = config.drafter_sizes()
         vocab = None
-        if config.draft_vocab_size:
+        if config.draft_vocab_size and config.init in ("random", "target"):
             counts = response_token_counts(self.seqs, target.model.cfg.vocab_size)
             vocab = most_frequent(counts, config.draft_vocab_size, always=[] if eos is None else [eos])
             sizes["draft_vocab_size"] = config.draft_vocab_size
-        try:
-            self.drafter = create_drafter(config.method, target, seed=config.seed, dtype=torch.float32,
-                                          draft_token_ids=vocab, **sizes).train()
-        except ValueError as e:
-            raise UserError(str(e)) from None
+        if config.init not in ("random", "target"):
+            self.drafter = continue_from(config, target, sizes)
+        else:
+            try:
+                self.drafter = create_drafter(config.method, target, seed=config.seed, dtype=torch.float32,
+                                              draft_token_ids=vocab, **sizes).train()
+            except ValueError as e:
+                raise UserError(str(e)) from None
         if config.init == "target" and not config.resume:
             from .init import init_from_target
 
