@@ -159,6 +159,52 @@ def test_hybrid_greedy_equals_plain_under_every_policy_with_every_mix(greedy_cas
         assert sum(t[0] for t in hybrid.calibration.trials.values()) > 6 * 1000  # online updates arrived
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["dspark-async", "threshold"])
+def test_rows_left_out_of_drafting_get_lookup_alone_and_stay_exact(greedy_case, policy, tmp_path):  # noqa: F811
+    # dspark-async: a drafter so slow that drafting never pays, so whole steps skip it;
+    # threshold 0.999: every drafted length is 0, so the gate leaves requests out one by one
+    from dspark.schedule.step_time import StepTimeTable
+
+    target, prompts, refs = greedy_case
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=500)
+    # threshold: lookup tokens sure enough to pass it, so the lookup rows verify something
+    sure = [0.9999] * 7 if policy == "threshold" else [0.9, 0.8, 0.6, 0.45, 0.3, 0.2, 0.1]
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, verification_policy=policy,
+                             confidence_threshold=0.999, lookup=True, lookup_calibration=_table(tmp_path, sure))
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=16, max_model_len=512), step_table=table)
+    seqs = engine.generate(prompts[:16], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:16]):
+        assert seq.output_ids == ref, policy
+    hybrid = engine.runner.drafter
+    assert hybrid.counts["lookup_only"] > 16, hybrid.counts
+    assert engine.total_stats().accepted_tokens > 0  # lookup's tokens were verified and some accepted
+    if policy == "dspark-async":
+        assert engine.runner.policy.skipped_steps > 0
+    else:
+        assert engine.runner.gate.skipped > 0
+
+
+def test_free_lengths_take_the_best_prefix_of_the_whole_table():
+    from dspark.schedule.policies import DSparkSync, free_lengths
+    from dspark.schedule.step_time import DrafterTimeTable, StepTimeTable
+
+    # a jagged curve: 1-2 tokens 10 ms, 3 tokens 18 ms (a dip in tokens/s), 4 tokens 19 ms
+    counts, ms = [1, 2, 3, 4, 8], [10.0, 10.0, 18.0, 19.0, 40.0]
+    table = StepTimeTable(token_counts=counts, raw_ms=ms)
+    certain = [[1.0, 1.0, 1.0]]  # 4 tokens / 19 ms beats 2 / 10 ms: past the dip
+    assert free_lengths(certain, table) == [3]
+    assert DSparkSync(table).choose(certain) == [1]  # the first drop stops the sampled-draft greedy
+    assert free_lengths([[0.95, 0.5, 0.4]], table) == [1]  # 1.95 / 10 ms beats 2.85 / 19 ms
+    # one row with nothing to gain, one certain: only the certain row's tokens are verified
+    assert free_lengths([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], table) == [0, 2]
+    assert free_lengths(torch.zeros(0, 3), table) == []
+    # the drafter's time is not charged: with 100 ms of drafting the same choice
+    slow = StepTimeTable(token_counts=counts, raw_ms=ms,
+                         drafter=DrafterTimeTable(method="x", request_counts=[1], raw_ms=[100.0]))
+    assert free_lengths([[0.95, 0.5, 0.4]], slow) == [1]
+
+
 def test_hybrid_sampling_distribution_matches_target(tiny_target, tmp_path):  # noqa: F811
     from test_speculative import _exact_three_token_dist, assert_three_token_distribution
 
@@ -176,6 +222,36 @@ def test_hybrid_sampling_distribution_matches_target(tiny_target, tmp_path):  # 
     hybrid = engine.runner.drafter
     assert hybrid.counts["lookup_tokens"] > n and hybrid.counts["drafter_tokens"] > n, hybrid.counts
     assert engine.total_stats().accepted_tokens > 0.2 * n
+    assert_three_token_distribution(seqs, exact)
+
+
+def test_lookup_alone_keeps_the_sampling_distribution(tiny_target, tmp_path):  # noqa: F811
+    # a drafter too slow to ever pay: dspark-async skips it, and the steps draft by lookup alone
+    from dspark.schedule.step_time import StepTimeTable
+    from test_speculative import _exact_three_token_dist, assert_three_token_distribution
+
+    target = tiny_target
+    prompt = [1, 2, 3, 1, 2, 3, 4]
+    temperature = 1.3
+    exact = _exact_three_token_dist(target, prompt, temperature).flatten()
+    n = 5000
+    table = StepTimeTable.synthetic(base_ms=10, knee=4096, per_token_ms=0.0, max_tokens=4096, drafter_ms=1000)
+    spec = SpeculativeConfig(method="dspark", model="random", num_speculative_tokens=3, lookup=True,
+                             lookup_calibration=_table(tmp_path, [0.9, 0.5, 0.2]),
+                             verification_policy="dspark-async", async_lag=1)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=64, max_model_len=32), step_table=table)
+    seqs = engine.generate([prompt] * n, [SamplingParams(temperature=temperature, max_tokens=4, seed=i,
+                                                         ignore_eos=True) for i in range(n)])
+    hybrid = engine.runner.drafter
+    assert hybrid.counts["lookup_only"] > n, hybrid.counts
+    assert engine.total_stats().accepted_tokens > 0.2 * n
+    from dspark.serve.metrics import ServingMetrics
+
+    metrics = ServingMetrics("m")
+    metrics.on_engine(engine)
+    line = next(x for x in metrics.render().splitlines()
+                if x.startswith("dspark:spec_decode_lookup_only_requests_total"))
+    assert float(line.split()[-1]) == hybrid.counts["lookup_only"]
     assert_three_token_distribution(seqs, exact)
 
 

@@ -30,7 +30,10 @@ DEFAULT_CONFIGS: dict[str, dict | None] = {
     "dspark-adaptive": {"method": "dspark", "enable_adaptive_verification": True},
 }
 #: names `--configs` accepts on their own
-KNOWN_CONFIGS: dict[str, dict | None] = {**DEFAULT_CONFIGS, "ngram": {"method": "ngram"}}
+KNOWN_CONFIGS: dict[str, dict | None] = {
+    **DEFAULT_CONFIGS, "ngram": {"method": "ngram"},
+    "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
+}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 

@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     w.add_argument("--out", required=True, metavar="DIR", help="output directory")
     w.add_argument("--configs", nargs="+", metavar="CONFIG", default=None,
-                   help="configurations: a name (none, mtp, eagle3, dflash, dspark, dspark-adaptive, ngram), "
+                   help="configurations: a name (none, mtp, eagle3, dflash, dspark, dspark-adaptive, ngram, hybrid), "
                         "NAME=JSON (a --speculative-config for dspark serve; NAME=none for none), NAME=URL (an "
                         "already running server) or NAME=CMD (a shell command with {port} that starts a server; "
                         "the sweep stops it). Default: none mtp eagle3 dflash dspark dspark-adaptive, with the "

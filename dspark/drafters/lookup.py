@@ -208,7 +208,8 @@ class HybridDrafter(Drafter):
         #: recent mean drafter confidence per position (None until the drafter ran)
         self.drafter_mean: list[float] | None = None
         self._last: dict[object, tuple[LookupMatch, int, list[float]]] = {}
-        self.counts = {"lookup_tokens": 0, "drafter_tokens": 0, "drafter_skipped": 0, "requests": 0}
+        self.counts = {"lookup_tokens": 0, "drafter_tokens": 0, "drafter_skipped": 0, "requests": 0,
+                       "lookup_only": 0}
         #: rows drafted by how many leading tokens came from lookup (0 = drafter only)
         self.mix: Counter[int] = Counter()
 
@@ -284,6 +285,32 @@ class HybridDrafter(Drafter):
         if len(need) == r:  # the common case: the drafter's output is the whole block
             return DraftOutput(out.tokens, out.logits, out.confidence, num_lookup=out.num_lookup)
         return self._assemble(out, need, matches, confs, num_tokens)
+
+    def lookup_only(self, request_ids: list, contexts: list[list[int]], num_tokens: int) -> DraftOutput:
+        """Prompt lookup alone (the drafter is not run): what the engine proposes for
+        requests the scheduler leaves out of drafting, since a lookup token costs
+        verification but no drafter time. `contexts` are the requests' whole token
+        sequences, anchor last. Each row: the match's tokens then -1 (`num_valid` says
+        how many are real), their calibrated confidences then 0, and no logits (point
+        masses, as in n-gram drafting)."""
+        r, dev = len(request_ids), self.inner.device
+        tokens = torch.full((r, num_tokens), -1, dtype=torch.long)
+        conf = torch.zeros(r, num_tokens)
+        valid = torch.zeros(r, dtype=torch.long)
+        for i, (rid, ctx) in enumerate(zip(request_ids, contexts)):
+            m = lookup(ctx, num_tokens, self.history.max_ngram, self.history.min_ngram)
+            c = self.calibration.confidence(m)
+            n = len(m.tokens)
+            if n:
+                tokens[i, :n] = torch.tensor(m.tokens, dtype=torch.long)
+                conf[i, :n] = torch.tensor(c[:n])
+            valid[i] = n
+            self._last[rid] = (m, n, c)
+            self.mix[n] += 1
+            self.counts["lookup_tokens"] += n
+        self.counts["requests"] += r
+        self.counts["lookup_only"] += r
+        return DraftOutput(tokens.to(dev), None, conf.to(dev), num_valid=valid.to(dev), num_lookup=valid.to(dev))
 
     def _assemble(self, out, need: list[int], matches: list[LookupMatch], confs: list[list[float]],
                   num_tokens: int) -> DraftOutput:

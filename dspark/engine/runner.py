@@ -26,11 +26,12 @@ from dspark.drafters.base import DraftRequest, Drafter
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.model import Transformer
-from dspark.schedule.policies import VerifyLengthPolicy
+from dspark.schedule.policies import VerifyLengthPolicy, free_lengths
 from dspark.verify import rejection_sample
 
 from .calibration_watch import CalibrationWatch
 from .draft_gate import DraftGate
+from .drafts import merge_drafts
 from .sequence import Sequence
 
 log = logging.getLogger("dspark.engine")
@@ -69,6 +70,8 @@ class SpecRunner:
         self.undrafted: set[object] = set()
         #: requests the scheduler keeps verifying nothing for skip the drafter's block
         self.gate = DraftGate()
+        #: hybrid drafting: rows left out of drafting get prompt lookup alone
+        self.lookup_rows = bool(getattr(drafter, "lookup_enabled", False))
         #: the drafter's confidences against verification, while serving
         self.calibration = CalibrationWatch()
         self._confidence: list[list[float] | None] | None = None  # this step's, per decode
@@ -110,61 +113,70 @@ class SpecRunner:
                     f" ({detail})" if detail else "", exc_info=not detail)
 
     def _verify_lengths(self, decodes: list[Sequence]) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+        """Draft and choose every decode's verification length. The drafter drafts the
+        rows the policy and the per-request gate let through; with hybrid drafting the
+        other rows get prompt lookup alone (no drafter time), and a step with lookup
+        rows only is priced on the target's time alone (`free_lengths`)."""
         none = [0] * len(decodes), None, None
         self._confidence = None
         self._num_drafted = 0
         n = self.num_speculative_tokens
-        if not decodes or n == 0 or not self.policy.should_draft(len(decodes), n):
+        if not decodes or n == 0:
             return none
-        rows = [i for i, s in enumerate(decodes)
-                if s.speculate and s.request_id not in self.undrafted and self.gate.wants_draft(s.request_id)]
-        if not rows:
-            return none
-        self._flush_pending([decodes[i].request_id for i in rows])
-        rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
-        if not rows:
+        drafting = self.policy.should_draft(len(decodes), n)
+        live = [i for i, s in enumerate(decodes) if s.speculate and s.request_id not in self.undrafted]
+        rows = [i for i in live if drafting and self.gate.wants_draft(decodes[i].request_id)]
+        if rows:
+            self._flush_pending([decodes[i].request_id for i in rows])
+            rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
+        looked = []
+        if self.lookup_rows:
+            taken = set(rows)
+            looked = [i for i in live if i not in taken and decodes[i].request_id not in self.undrafted]
+        if not rows and not looked:
             return none
         self._num_drafted = len(rows)
+        out, bad, lk = None, set(), None
         try:
-            out = self.drafter.draft(
-                [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
-                              decodes[i].generator) for i in rows],
-                n,
-            )
+            if rows:
+                out = self.drafter.draft(
+                    [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
+                                  decodes[i].generator) for i in rows],
+                    n,
+                )
+            if looked:
+                lk = self.drafter.lookup_only([decodes[i].request_id for i in looked],
+                                              [decodes[i].prompt_ids + decodes[i].output_ids for i in looked], n)
         except Exception:
             self._fault("draft")
             return none
-        bad = _faulty_rows(out, [decodes[i].params.greedy for i in rows])
-        if bad:
-            self._fault("draft", f"non-finite logits or confidences for {len(bad)} of {len(rows)} requests")
-        g = out.tokens.shape[1]
-        if out.confidence is not None:
-            conf = out.confidence.float().nan_to_num(0.0).clamp(0.0, 1.0)
+        if out is not None:
+            bad = _faulty_rows(out, [decodes[i].params.greedy for i in rows])
+            if bad:
+                self._fault("draft", f"non-finite logits or confidences for {len(bad)} of {len(rows)} requests")
+        block = merge_drafts(len(decodes), n, rows, out, looked, lk)
+        order = rows + looked
+        g = block.tokens.shape[1]
+        if block.confidence is not None:
+            conf = block.confidence[order].float().nan_to_num(0.0).clamp(0.0, 1.0)
             survival = torch.cumprod(conf, dim=1)  # [R, G]
             self._confidence = [None] * len(decodes)
-            for i, row in zip(rows, conf.tolist()):
+            for i, row in zip(rows, conf[: len(rows)].tolist()):  # the drafter's own, for its calibration
                 self._confidence[i] = row
         else:
-            survival = torch.ones(len(rows), g)
-        chosen = self.policy.choose(survival)
-        valid = getattr(out, "num_valid", None)
+            survival = torch.ones(len(order), g)
+        table = getattr(self.policy, "table", None)
+        chosen = self.policy.choose(survival) if rows or table is None else free_lengths(survival, table)
         lengths = [0] * len(decodes)
-        tokens, logits = out.tokens, out.logits
-        if len(rows) < len(decodes):  # undrafted requests get empty rows
-            tokens = torch.zeros(len(decodes), g, dtype=torch.long, device=out.tokens.device)
-            tokens[rows] = out.tokens
-            if out.logits is not None:
-                logits = out.logits.new_zeros(len(decodes), *out.logits.shape[1:])
-                logits[rows] = out.logits
-        for j, i in enumerate(rows):
+        for j, i in enumerate(order):
             s = decodes[i]
-            cap = min(g, s.params.max_tokens - len(s.output_ids) - 1, self.cache.max_len - s.num_cached - 1)
-            if valid is not None:
-                cap = min(cap, int(valid[j]))
+            cap = min(g, block.valid[i], s.params.max_tokens - len(s.output_ids) - 1,
+                      self.cache.max_len - s.num_cached - 1)
             # Caps depend only on lengths known before drafting, so clamping stays lossless.
             lengths[i] = 0 if j in bad else max(min(int(chosen[j]), cap), 0)
-            self.gate.record(s.request_id, lengths[i])
-        return lengths, tokens, logits
+            if j < len(rows):
+                self.gate.record(s.request_id, lengths[i])
+        return lengths, block.tokens, block.logits
 
     @torch.inference_mode()
     def step(self, prefills: list[tuple[Sequence, int, int]], decodes: list[Sequence]) -> dict[object, list[int]]:

@@ -317,6 +317,27 @@ class DSparkAsync(VerifyLengthPolicy):
         return _lengths(rows, budget, num_requests)
 
 
+def free_lengths(survival: SurvivalLike, table: StepTimeTable) -> list[int]:
+    """Verification lengths for proposals that cost no drafter time and are a
+    deterministic function of the context (prompt lookup): the admission prefix that
+    maximises expected tokens per second of target time,
+
+        (R + sum of admitted s_{i,k}) / target_time(R + B),
+
+    over the WHOLE table. No token of such a proposal was sampled, so nothing can leak
+    from a later entry into an earlier one's admission: the best prefix is lossless
+    here, where for sampled drafts only the first drop (`DSparkSync`) or a lagged
+    budget (`DSparkAsync`) is."""
+    s = as_survival(survival)  # [R, G]
+    num_requests, num_drafted = s.shape
+    if num_requests == 0 or num_drafted == 0:
+        return [0] * num_requests
+    rows, gains = _admission_order(s)
+    expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
+    times = np.array([table.target_time(num_requests + b) for b in range(gains.size + 1)])
+    return _lengths(rows, int((expected / times).argmax()), num_requests)
+
+
 def make_policy(
     name: str,
     table: StepTimeTable | None = None,

@@ -82,6 +82,10 @@ class ServingMetrics:
                                      const_labels=c)
         self.lookup_tokens = Counter(p + "spec_decode_lookup_tokens_total",
                                      "Hybrid drafting: drafted tokens that came from prompt lookup.", const_labels=c)
+        self.lookup_only = Counter(p + "spec_decode_lookup_only_requests_total",
+                                   "Hybrid drafting: request-steps drafted by prompt lookup alone, the drafter "
+                                   "left out by the scheduler (a lookup token costs no drafter time).",
+                                   const_labels=c)
         self.lookup_ece = Gauge(p + "spec_decode_lookup_calibration_ece",
                                 "Hybrid drafting: ECE of the lookup confidences against observed acceptance "
                                 "since start-up (NaN before any lookup token was verified).", const_labels=c)
@@ -104,7 +108,7 @@ class ServingMetrics:
         self.table_refreshes = Counter(p + "step_time_table_refreshes_total",
                                        "Step-time table rescaled while serving: the median step over 128 steps "
                                        "was off by more than 1.5x with the CPU otherwise idle.", const_labels=c)
-        self._engine_seen = {"errors": 0, "lookup": 0, "slow": 0, "refreshes": 0, "skips": 0}
+        self._engine_seen = {"errors": 0, "lookup": 0, "lookup_only": 0, "slow": 0, "refreshes": 0, "skips": 0}
         self._ece_at = float("-inf")
         #: position -> (predicted, observed, trials), refreshed with the gauges
         self.calibration_positions: dict[int, tuple[float, float, int]] = {}
@@ -116,7 +120,7 @@ class ServingMetrics:
                           self.kv_slots_used, self.drafter_requests,
                           self.drafter_errors, self.request_skips, self.threads, self.slow_windows,
                           self.table_refreshes]
-        self._hybrid_families = [self.lookup_tokens, self.lookup_ece]
+        self._hybrid_families = [self.lookup_tokens, self.lookup_only, self.lookup_ece]
         self._calibration_families = [self.calibration_ece, self.predicted_acceptance, self.observed_acceptance]
         self.calibration_ece.set(float("nan"))
         self.hybrid = False
@@ -197,6 +201,9 @@ class ServingMetrics:
             n = drafter.counts["lookup_tokens"]
             self.lookup_tokens.inc(n - seen["lookup"])
             seen["lookup"] = n
+            n = drafter.counts["lookup_only"]
+            self.lookup_only.inc(n - seen["lookup_only"])
+            seen["lookup_only"] = n
             if refresh:
                 self.lookup_ece.set(drafter.calibration.ece())
         if refresh:
