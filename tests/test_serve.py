@@ -391,7 +391,7 @@ def test_default_speculation_falls_back_to_none_without_a_shipped_drafter(tmp_pa
     (tmp_path / "dspark").mkdir()
     (tmp_path / "dspark" / "config.json").write_text("{}")
     spec = resolve_speculative("default", target)
-    assert spec.method == "dspark" and spec.policy == "dspark-async"
+    assert spec.method == "dspark" and spec.policy == "dspark-async" and spec.lookup
     assert resolve_speculative(None, target) is None
 
 
