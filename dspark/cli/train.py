@@ -107,7 +107,7 @@ def parse_layer_ids(text: str | None) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     from dspark.train import DistInfo, TrainConfig, Trainer
-    from dspark.train.trainer import device_for
+    from dspark.train.placement import device_for
 
     config = TrainConfig(
         method=args.method, data=args.data, out=args.out, num_layers=args.num_layers,

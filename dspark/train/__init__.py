@@ -7,6 +7,7 @@ held-out data. The CLI front ends are `dspark train` and `dspark calibrate`.
 """
 
 from .config import TrainConfig
-from .trainer import DistInfo, Trainer, TrainResult
+from .placement import DistInfo
+from .trainer import Trainer, TrainResult
 
 __all__ = ["DistInfo", "TrainConfig", "TrainResult", "Trainer"]

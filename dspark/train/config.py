@@ -39,7 +39,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
-    precision: str = "auto"  # bf16 autocast on CUDA and bf16-capable CPUs (see trainer.autocast_dtype)
+    precision: str = "auto"  # bf16 autocast on CUDA and bf16-capable CPUs (see placement.autocast_dtype)
     max_seq_len: int = 1024
     # output
     save_every: int = 200

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -34,55 +33,21 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.drafters import create_drafter, save_drafter
-from dspark.train.init import continue_from
 from dspark.drafters.factory import build_drafter
 from dspark.errors import UserError
 from dspark.runtime.target import Target
 
 from .config import TrainConfig
 from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visit_batches, visits_per_sequence
+from .init import continue_from
 from .losses import (expected_acceptance_length, greedy_match, per_position_means, position_terms, position_weights,
                      weighted_sums)
 from .objectives import AnchorBatch, draft_forward
+from .placement import DistInfo, autocast_dtype
 from .teacher import CachedTeacher, OnTheFlyTeacher, TopKTargets
 from .vocab import most_frequent, response_token_counts
 
 KEEP_CHECKPOINTS = 2
-
-
-@dataclass
-class DistInfo:
-    rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @classmethod
-    def from_env(cls) -> "DistInfo":
-        """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
-            return cls()
-        if not torch_dist.is_initialized():
-            torch_dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-        return cls(torch_dist.get_rank(), world)
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            torch_dist.all_reduce(t)
-        return t
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            torch_dist.barrier()
-
-
-def device_for(dist: DistInfo) -> str:
-    if torch.cuda.is_available():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', dist.rank))}"
-    return "cpu"
 
 
 def _log_line(rec: dict, total: int) -> str:
@@ -122,21 +87,6 @@ def num_positions(drafter, config: TrainConfig) -> int:
     if drafter.method == "eagle3":
         return min(config.ttt_steps, drafter.max_draft_tokens)
     return drafter.max_draft_tokens
-
-
-def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
-    """bf16 autocast on CUDA and on CPUs with native bf16 (avx512_bf16/AMX), fp32
-    elsewhere. Measured on a 2-core EPYC with avx512_bf16 (dspark, 4 sequence visits x
-    64 blocks x 7 positions, draft vocabulary 8k, one thread, another job on the other
-    core): fp32 3.8 s/step, bf16 autocast 2.5 s/step, the same losses to two digits. Master weights, optimizer
-    state and the loss stay fp32. `--precision fp32|bf16` forces either."""
-    if precision == "fp32":
-        return None
-    if precision == "bf16" or device.startswith("cuda"):
-        return torch.bfloat16
-    from dspark.runtime.loader import cpu_has_bf16
-
-    return torch.bfloat16 if cpu_has_bf16() else None
 
 
 class Trainer:
