@@ -60,6 +60,48 @@ class DraftOutput:
     num_lookup: torch.Tensor | None = None  # [R] int64
 
 
+def stack_drafts(num_rows: int, parts: list[tuple[list[int], DraftOutput]]) -> DraftOutput:
+    """One [num_rows, ...] block from proposals for disjoint row sets, e.g. the drafter's
+    rows and prompt lookup's. Rows no part covers propose nothing (`num_valid` 0).
+    Logits are kept when some part has them; a part without them (a deterministic
+    proposer) gets point masses there, 0 at each valid token and -inf elsewhere.
+    Confidences are kept when every part has them. `num_valid` is always set;
+    `num_lookup` when some part sets it (a part without it counts 0 lookup tokens)."""
+    parts = [(idx, out) for idx, out in parts if idx]
+    if not parts:
+        raise ValueError("stack_drafts needs at least one non-empty part")
+    first = parts[0][1]
+    g, dev = first.tokens.shape[1], first.tokens.device
+    with_logits = [out.logits for _, out in parts if out.logits is not None]
+    tokens = torch.full((num_rows, g), -1, dtype=torch.long, device=dev)
+    logits = None
+    if with_logits:
+        ref = with_logits[0]
+        logits = torch.full((num_rows, g, ref.shape[-1]), float("-inf"), dtype=ref.dtype, device=dev)
+    with_conf = all(out.confidence is not None for _, out in parts)
+    conf = torch.zeros(num_rows, g, device=dev) if with_conf else None
+    valid = torch.zeros(num_rows, dtype=torch.long, device=dev)
+    any_lookup = any(out.num_lookup is not None for _, out in parts)
+    lookup = torch.zeros(num_rows, dtype=torch.long, device=dev) if any_lookup else None
+    for idx, out in parts:
+        at = torch.tensor(idx, dtype=torch.long, device=dev)
+        tokens[at] = out.tokens.to(dev)
+        counts = out.num_valid.to(dev) if out.num_valid is not None else torch.full((len(idx),), g, device=dev)
+        valid[at] = counts
+        if conf is not None:
+            conf[at] = out.confidence.float().to(dev)
+        if lookup is not None and out.num_lookup is not None:
+            lookup[at] = out.num_lookup.to(dev)
+        if logits is None:
+            continue
+        if out.logits is not None:
+            logits[at] = out.logits.to(device=dev, dtype=logits.dtype)
+            continue
+        rr, kk = (torch.arange(g, device=dev).unsqueeze(0) < counts.unsqueeze(1)).nonzero(as_tuple=True)
+        logits[at[rr], kk, tokens[at[rr], kk]] = 0.0  # point masses
+    return DraftOutput(tokens, logits, conf, num_valid=valid, num_lookup=lookup)
+
+
 class Drafter(torch.nn.Module):
     method: str = ""
     #: target layers whose hidden states the loop must pass to append_context

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .base import DraftOutput, DraftRequest, Drafter
+from .base import DraftOutput, DraftRequest, Drafter, stack_drafts
 from .ngram import NgramDrafter
 
 SHIPPED_CALIBRATION = Path(__file__).parent / "lookup_calibration.json"
@@ -315,25 +315,15 @@ class HybridDrafter(Drafter):
     def _assemble(self, out, need: list[int], matches: list[LookupMatch], confs: list[list[float]],
                   num_tokens: int) -> DraftOutput:
         """The block of every request: the drafter's rows for `need`, lookup alone (point
-        mass q) for the others."""
-        r, vocab, dev = len(matches), self.target.cfg.vocab_size, self.inner.device
-        tokens = torch.full((r, num_tokens), -1, dtype=torch.long, device=dev)
-        logits = torch.full((r, num_tokens, vocab), float("-inf"), device=dev)
-        conf = torch.zeros(r, num_tokens, device=dev)
-        if need:
-            idx = torch.tensor(need, dtype=torch.long, device=dev)
-            tokens[idx], logits[idx], conf[idx] = out.tokens, out.logits.float(), out.confidence.float()
+        mass q, every token from the match) for the others."""
+        dev = self.inner.device
         drafted = set(need)
-        for i in range(r):
-            if i not in drafted:
-                toks = torch.tensor(matches[i].tokens[:num_tokens], dtype=torch.long, device=dev)
-                tokens[i] = toks
-                logits[i, torch.arange(num_tokens, device=dev), toks] = 0.0
-                conf[i] = torch.tensor(confs[i][:num_tokens], device=dev)
-        lookup = torch.tensor([num_tokens if i not in drafted else -1 for i in range(r)], device=dev)
-        if need:
-            lookup[idx] = out.num_lookup.to(dev)
-        return DraftOutput(tokens, logits, conf, num_lookup=lookup)
+        rest = [i for i in range(len(matches)) if i not in drafted]
+        alone = DraftOutput(
+            torch.tensor([matches[i].tokens[:num_tokens] for i in rest], dtype=torch.long, device=dev), None,
+            torch.tensor([confs[i][:num_tokens] for i in rest], device=dev),
+            num_lookup=torch.full((len(rest),), num_tokens, dtype=torch.long, device=dev))
+        return stack_drafts(len(matches), [(need, out), (rest, alone)])
 
     def _update_drafter_mean(self, out, num_tokens: int, rate: float = 0.05) -> None:
         """EMA of the drafter's own confidences (rows and positions it drafted itself)."""
