@@ -17,13 +17,15 @@ from __future__ import annotations
 import torch
 
 from .base import DraftOutput, DraftRequest, Drafter
+from .suffix_index import SuffixIndex
 
 PAD_TOKEN = -1
 
 
 def propose_continuation(seq: torch.Tensor, num_tokens: int, max_ngram: int, min_ngram: int) -> list[int]:
     """The continuation of the latest earlier occurrence of the longest matching suffix
-    n-gram of `seq` [L] (int64); [] when nothing matches."""
+    n-gram of `seq` [L] (int64); [] when nothing matches. A full scan: the drafter
+    answers the same from its incremental `SuffixIndex`; this is the reference."""
     length = seq.numel()
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         suffix = seq[length - n :]
@@ -49,6 +51,8 @@ class NgramDrafter(Drafter):
         self.max_draft_tokens = max_draft_tokens
         self.target_layer_ids = []
         self._tokens: dict[object, list[int]] = {}
+        #: per request, an n-gram index of its tokens and anchor (lookups without a scan)
+        self._index: dict[object, SuffixIndex] = {}
 
     def add_request(self, request_id: object) -> None:
         if request_id in self._tokens:
@@ -57,6 +61,7 @@ class NgramDrafter(Drafter):
 
     def release(self, request_id: object) -> None:
         self._tokens.pop(request_id, None)
+        self._index.pop(request_id, None)
 
     def num_requests(self) -> int:
         return len(self._tokens)
@@ -102,9 +107,11 @@ class NgramDrafter(Drafter):
                     f"request {req.request_id!r}: anchor at position {req.anchor_position} but the drafter "
                     f"holds {len(seq)} context tokens"
                 )
-            cont = propose_continuation(
-                torch.tensor(seq + [req.anchor_token], dtype=torch.long), num_tokens, self.max_ngram, self.min_ngram
-            )
+            index = self._index.get(req.request_id)
+            if index is None:
+                index = self._index[req.request_id] = SuffixIndex(self.max_ngram, self.min_ngram)
+            index.sync(seq, [req.anchor_token])
+            cont = index.latest(num_tokens)
             out[i, : len(cont)] = torch.tensor(cont, dtype=torch.long)
             valid[i] = len(cont)
         return DraftOutput(out, None, None, valid)

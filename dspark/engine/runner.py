@@ -146,7 +146,7 @@ class SpecRunner:
                 )
             if looked:
                 lk = self.drafter.lookup_only([decodes[i].request_id for i in looked],
-                                              [decodes[i].prompt_ids + decodes[i].output_ids for i in looked], n)
+                                              [(decodes[i].prompt_ids, decodes[i].output_ids) for i in looked], n)
         except Exception:
             self._fault("draft")
             return none
