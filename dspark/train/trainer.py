@@ -14,14 +14,14 @@ take the same step.
 
 `DIR` receives `train_log.jsonl`, checkpoints `checkpoints/step-N/` (a drafter
 checkpoint plus `trainer_state.safetensors/json` with fp32 master weights and AdamW
-moments; `--resume` continues from the newest) and the final drafter in `DIR` itself.
+moments, see `checkpoints`; `--resume` continues from the newest) and the final
+drafter in `DIR` itself.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.drafters import create_drafter, save_drafter
@@ -37,6 +36,7 @@ from dspark.drafters.factory import build_drafter
 from dspark.errors import UserError
 from dspark.runtime.target import Target
 
+from .checkpoints import read_checkpoint, write_checkpoint
 from .config import TrainConfig
 from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visit_batches, visits_per_sequence
 from .init import continue_from
@@ -46,8 +46,6 @@ from .objectives import AnchorBatch, draft_forward
 from .placement import DistInfo, autocast_dtype
 from .teacher import CachedTeacher, OnTheFlyTeacher, TopKTargets
 from .vocab import most_frequent, response_token_counts
-
-KEEP_CHECKPOINTS = 2
 
 
 def _log_line(rec: dict, total: int) -> str:
@@ -384,54 +382,12 @@ class Trainer:
     def save_checkpoint(self, elapsed_s: float = 0.0) -> None:
         if not self.dist.is_main:
             return
-        final = self.out / "checkpoints" / f"step-{self.step}"
-        # Written aside and renamed: a run killed mid-save leaves the previous checkpoint whole.
-        ckpt = final.with_name(f".partial-{final.name}")
-        shutil.rmtree(ckpt, ignore_errors=True)
-        self.save_drafter(ckpt)
-        tensors: dict[str, torch.Tensor] = {}
-        names = {p: n for n, p in self.drafter.named_parameters()}
-        for n, p in self.drafter.named_parameters():
-            tensors[f"master.{n}"] = p.detach().float().cpu().contiguous()
-        steps = {}
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                st = self.optimizer.state.get(p)
-                if st:
-                    tensors[f"exp_avg.{names[p]}"] = st["exp_avg"].cpu().contiguous()
-                    tensors[f"exp_avg_sq.{names[p]}"] = st["exp_avg_sq"].cpu().contiguous()
-                    steps[names[p]] = float(st["step"])
-        save_file(tensors, str(ckpt / "trainer_state.safetensors"))
-        (ckpt / "trainer_state.json").write_text(json.dumps(
-            {"step": self.step, "total_steps": self.total_steps, "adam_steps": steps, "train_s": elapsed_s,
-             "best_eval": self.best_eval, "evals_since_best": self.evals_since_best,
-             "config": self.config.to_dict()}, indent=2) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
-        ckpt.rename(final)
-        old = sorted((self.out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-        for p in old[:-KEEP_CHECKPOINTS]:
-            shutil.rmtree(p, ignore_errors=True)
+        write_checkpoint(self.out, self.step, self.drafter, self.optimizer, self.save_drafter,
+                         {"total_steps": self.total_steps, "train_s": elapsed_s, "best_eval": self.best_eval,
+                          "evals_since_best": self.evals_since_best, "config": self.config.to_dict()})
 
     def _resume(self) -> None:
-        ckpts = sorted((self.out / "checkpoints").glob("step-*/trainer_state.json"),
-                       key=lambda p: int(p.parent.name.split("-")[1]))
-        if not ckpts:
-            raise UserError(f"--resume: no checkpoint under {self.out / 'checkpoints'}; start without --resume")
-        meta = json.loads(ckpts[-1].read_text())
-        tensors = load_file(str(ckpts[-1].parent / "trainer_state.safetensors"))
-        params = dict(self.drafter.named_parameters())
-        with torch.no_grad():
-            for n, p in params.items():
-                p.copy_(tensors[f"master.{n}"])
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                n = next(k for k, v in params.items() if v is p)
-                if f"exp_avg.{n}" in tensors:
-                    self.optimizer.state[p] = {
-                        "step": torch.tensor(meta["adam_steps"][n]),
-                        "exp_avg": tensors[f"exp_avg.{n}"].to(p.device),
-                        "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].to(p.device),
-                    }
+        meta = read_checkpoint(self.out, self.drafter, self.optimizer)
         self.step = int(meta["step"])
         self.train_s = float(meta.get("train_s", 0.0))
         self.best_eval = meta.get("best_eval")
