@@ -49,6 +49,32 @@ def test_gemm_rows_do_not_depend_on_the_batch_or_threads():
     assert torch.equal(cpu_kernels.gemm_bf16w(x.view(1, 17, 300), w)[0], full)
 
 
+def test_gemm_variants_give_the_same_bits():
+    """The AVX-512 variant (where the CPU has it) and the AVX2 one compute every output
+    element as the same FMA chain: equal bits for every shape, tile and remainder."""
+    flags = cpu_kernels.cpu_flags()
+    wide = {"avx512f", "avx512bw"} <= flags
+    g = torch.Generator().manual_seed(7)
+    try:
+        assert cpu_kernels.set_gemm_isa("avx512") == ("avx512" if wide else "avx2")
+        assert cpu_kernels.gemm_isa() == ("avx512" if wide else "avx2")
+        for k, n in [(64, 150), (576, 40), (37, 7), (300, 129), (8, 1)]:
+            w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+            b = torch.randn(n, generator=g)
+            x = torch.randn(20, k, generator=g)
+            for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 20):
+                for bias in (None, b):
+                    cpu_kernels.set_gemm_isa("avx512")
+                    a = cpu_kernels.gemm_bf16w(x[:m], w, bias)
+                    cpu_kernels.set_gemm_isa("avx2")
+                    c = cpu_kernels.gemm_bf16w(x[:m], w, bias)
+                    assert torch.equal(a, c), (k, n, m, bias is not None)
+    finally:
+        cpu_kernels.set_gemm_isa("avx512")
+    with pytest.raises(ValueError):
+        cpu_kernels.set_gemm_isa("sse")
+
+
 def test_gemm_rejects_what_it_cannot_run():
     w = torch.randn(4, 8).to(torch.bfloat16)
     with pytest.raises(ValueError, match="features"):

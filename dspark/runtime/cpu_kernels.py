@@ -1,7 +1,8 @@
 """Native CPU kernels, compiled on first use with the system C compiler.
 
 - `gemm_bf16w` (kernels/gemm_bf16w.c): fp32 activations times bf16 weights with fp32
-  accumulation, AVX2 + FMA, the weights pre-packed (`PackedBf16`). It is the `bf16w`
+  accumulation, AVX2 + FMA, and an AVX-512 variant that gives the same bits on CPUs
+  that have it (`gemm_isa`, `set_gemm_isa`), the weights pre-packed (`PackedBf16`). It is the `bf16w`
   precision of the runtime: on CPUs without avx512_bf16, torch has no fast bf16
   matmul (its bf16 kernels are slower than fp32 there), while decode is bound by
   reading the weights; this kernel reads half the bytes of fp32.
@@ -104,6 +105,11 @@ def load() -> ctypes.CDLL | None:
     fn = lib.dspark_gemm_bf16w_packed
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
+    lib.dspark_gemm_bf16w_set_isa.argtypes = [ctypes.c_int]
+    lib.dspark_gemm_bf16w_set_isa.restype = ctypes.c_int
+    lib.dspark_gemm_bf16w_isa.restype = ctypes.c_int
+    if os.environ.get("DSPARK_GEMM_ISA", "").lower() == "avx2":
+        lib.dspark_gemm_bf16w_set_isa(256)
     fn = lib.dspark_attention_f32
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6 + [
         ctypes.c_float, ctypes.c_int]
@@ -115,6 +121,24 @@ def load() -> ctypes.CDLL | None:
         getattr(lib, name).restype = None
     _lib = lib
     return lib
+
+
+def gemm_isa() -> str | None:
+    """The bf16w matmul's variant in use: "avx512" or "avx2" (None without the kernels)."""
+    lib = load()
+    return None if lib is None else ("avx512" if lib.dspark_gemm_bf16w_isa() == 512 else "avx2")
+
+
+def set_gemm_isa(isa: str) -> str:
+    """Use the "avx2" or the "avx512" variant of the bf16w matmul (both give the same
+    bits; "avx512" falls back to "avx2" on CPUs without it); returns the one in use.
+    `DSPARK_GEMM_ISA=avx2` does the same at load."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {_why}")
+    if isa not in ("avx2", "avx512"):
+        raise ValueError(f"isa must be 'avx2' or 'avx512', got {isa!r}")
+    return "avx512" if lib.dspark_gemm_bf16w_set_isa(512 if isa == "avx512" else 256) == 512 else "avx2"
 
 
 def why_unavailable() -> str | None:

@@ -20,6 +20,14 @@
  * rows share the call: verifying k draft tokens gives bit for bit the logits that
  * decoding them one at a time gives.
  *
+ * On CPUs with AVX-512 (F + BW) a second variant runs: one 512-bit register holds
+ * a panel row's 16 columns, widened from bf16 and put back in column order by one
+ * masked word permutation, and a micro-kernel of up to 6 rows by 4 panels (24
+ * accumulators) or 3 rows by 8 panels. Each output element is still the same fused
+ * multiply-add chain over k ascending from zero, then + bias, so the two variants give
+ * the same bits (tested); `dspark_gemm_bf16w_set_isa` picks one (for tests and A/B
+ * runs), by default the widest the CPU has.
+ *
  * Built on first use by dspark/runtime/cpu_kernels.py (cc -O3 -mavx2 -mfma -fopenmp).
  */
 #include <immintrin.h>
@@ -126,6 +134,117 @@ static void block(const float *x, const uint16_t *wp, const float *bias, float *
     }
 }
 
+/* ---- AVX-512 variant --------------------------------------------------------------- */
+#define T512 __attribute__((target("avx512f,avx512bw")))
+
+/* Word permutation that widens a panel row (16 bf16 in the low 256 bits, stored order
+ * 0-3, 8-11, 4-7, 12-15) into 16 fp32 in column order: column j's bf16 goes to the
+ * high half of dword j, the low halves are zeroed by the mask. */
+static const uint16_t WIDEN_IDX[32] = {0, 0, 0, 1, 0, 2, 0, 3, 0, 8, 0, 9, 0, 10, 0, 11,
+                                       0, 4, 0, 5, 0, 6, 0, 7, 0, 12, 0, 13, 0, 14, 0, 15};
+
+static inline __attribute__((always_inline)) T512 __m512 widen16(const uint16_t *p, __m512i idx) {
+    __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, v));
+}
+
+static inline __attribute__((always_inline)) T512 void store16_512(float *y, __m512 acc, const float *bias,
+                                                                   int ncols) {
+    __mmask16 m = ncols == PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
+    if (bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, bias));
+    _mm512_mask_storeu_ps(y, m, acc);
+}
+
+static inline __attribute__((always_inline)) T512 void micro512(
+    const float *x, int64_t K, const uint16_t *wp, float *y, int64_t ldy, const float *bias,
+    int MR, int NP, int ncols_last) {
+    __m512 acc[6][8];
+    const __m512i idx = _mm512_loadu_si512((const void *)WIDEN_IDX);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++) acc[i][p] = _mm512_setzero_ps();
+    const int64_t pstride = K * PANEL;
+    for (int64_t k = 0; k < K; k++) {
+        __m512 xb[6];
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) xb[i] = _mm512_set1_ps(x[i * K + k]);
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++) {
+            __m512 w = widen16(wp + p * pstride + k * PANEL, idx);
+#pragma GCC unroll 8
+            for (int i = 0; i < MR; i++) acc[i][p] = _mm512_fmadd_ps(xb[i], w, acc[i][p]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++)
+            store16_512(y + i * ldy + p * PANEL, acc[i][p], bias ? bias + p * PANEL : 0,
+                        p == NP - 1 ? ncols_last : PANEL);
+}
+
+/* Rows [m0, m1) of x against panels [p0, p1), AVX-512: 8 panels a call for up to 3
+ * rows, else 4 panels by 6-row tiles. */
+static T512 void block512(const float *x, const uint16_t *wp, const float *bias, float *y, int64_t N,
+                          int64_t K, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+    const int64_t P = (N + PANEL - 1) / PANEL;
+    const int64_t np = m1 - m0 <= 3 ? 8 : 4;
+    for (int64_t p = p0; p < p1;) {
+        int64_t take = p1 - p < np ? p1 - p : np;
+        int last = (int)(p + take == P ? N - (P - 1) * PANEL : PANEL);
+        const uint16_t *w = wp + p * K * PANEL;
+        const float *b = bias ? bias + p * PANEL : 0;
+        for (int64_t m = m0; m < m1;) {
+            int64_t r = m1 - m;
+            const float *xm = x + m * K;
+            float *ym = y + m * N + p * PANEL;
+#define C5(mr, nparg) micro512(xm, K, w, ym, N, b, mr, nparg, last)
+#define ROWS(nparg)                                          \
+    if (r >= 6 && nparg <= 4) { C5(6, nparg); m += 6; }      \
+    else if (r >= 5 && nparg <= 4) { C5(5, nparg); m += 5; } \
+    else if (r >= 4 && nparg <= 4) { C5(4, nparg); m += 4; } \
+    else if (r >= 3) { C5(3, nparg); m += 3; }               \
+    else if (r == 2) { C5(2, nparg); m += 2; }               \
+    else { C5(1, nparg); m += 1; }
+            switch (take) {
+                case 8: ROWS(8) break;
+                case 7: ROWS(7) break;
+                case 6: ROWS(6) break;
+                case 5: ROWS(5) break;
+                case 4: ROWS(4) break;
+                case 3: ROWS(3) break;
+                case 2: ROWS(2) break;
+                default: ROWS(1) break;
+            }
+#undef ROWS
+#undef C5
+        }
+        p += take;
+    }
+}
+
+/* 512: the AVX-512 variant, 256: AVX2; 0 until first use (then the widest available). */
+static int gemm_isa = 0;
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+/* Select the variant: 512 or 256 (512 falls back to 256 where the CPU lacks AVX-512);
+ * any other value, the widest available. Returns the one in use. */
+int dspark_gemm_bf16w_set_isa(int isa) {
+    int wide = cpu_has_avx512();
+    gemm_isa = isa == 256 ? 256 : (wide ? 512 : 256);
+    return gemm_isa;
+}
+
+int dspark_gemm_bf16w_isa(void) {
+    if (!gemm_isa) dspark_gemm_bf16w_set_isa(0);
+    return gemm_isa;
+}
+
 /* wp: the packed weight, ceil(N / 16) panels of [K][16] bf16. */
 void dspark_gemm_bf16w_packed(const float *x, const uint16_t *wp, const float *bias, float *y,
                               int64_t M, int64_t N, int64_t K, int threads) {
@@ -136,6 +255,7 @@ void dspark_gemm_bf16w_packed(const float *x, const uint16_t *wp, const float *b
     mc = mc < 6 ? 6 : mc / 6 * 6;
     if (threads < 1) threads = 1;
     if (threads > P) threads = (int)P;
+    const int wide = dspark_gemm_bf16w_isa() == 512;
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
@@ -147,7 +267,8 @@ void dspark_gemm_bf16w_packed(const float *x, const uint16_t *wp, const float *b
         int64_t p0 = P * t / nt, p1 = P * (t + 1) / nt;
         for (int64_t m = 0; m < M; m += mc) {
             int64_t m1 = m + mc < M ? m + mc : M;
-            block(x, wp, bias, y, N, K, m, m1, p0, p1);
+            if (wide) block512(x, wp, bias, y, N, K, m, m1, p0, p1);
+            else block(x, wp, bias, y, N, K, m, m1, p0, p1);
         }
     }
 }
