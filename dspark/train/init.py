@@ -71,6 +71,11 @@ def init_from_target(drafter, target: Transformer) -> list[str]:
             att.q_norm.weight.copy_(src.q_norm.weight.float())
             att.k_norm.weight.copy_(src.k_norm.weight.float())
         done.append(f"drafter layer {j} <- target layer {first + j}")
+    if tcfg.qkv_bias and drafter.layers[0].self_attn.q_proj.bias is None:
+        done.append("the target's q/k/v biases are not copied: the drafter's layers have none (the Qwen3-style "
+                    "layout other engines read), so it starts further from the target than on a bias-free one")
+    if not tcfg.qk_norm and hasattr(drafter.layers[0].self_attn, "q_norm"):
+        done.append("the drafter's q/k norms (which the target has not) start at 1")
     h = tcfg.hidden_size
     slot = taps.index(source_tap)
     drafter.fc.weight.zero_()
