@@ -1,0 +1,65 @@
+"""The bf16w matmul's AVX-512 variant against its AVX2 one, interleaved, on the default
+model's shapes (and the second target's MLP): microseconds per call for 1..16 rows.
+
+    python3 scripts/bench_gemm_isa.py [--threads 2] [--rounds 5] [--json OUT]
+
+Both variants give the same bits (tests/test_cpu_kernels.py); this measures speed only.
+On a CPU without AVX-512 both rows are the AVX2 variant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from dspark.runtime import cpu_kernels as ck
+
+SHAPES = {  # name: (out_features, in_features)
+    "smollm qkv": (960, 576), "smollm gate_up": (3072, 576), "smollm down": (576, 1536),
+    "qwen gate_up": (9728, 896), "qwen down": (896, 4864),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rows", default="1,2,4,6,7,8,12,16")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not ck.available():
+        raise SystemExit(f"native kernels unavailable: {ck.why_unavailable()}")
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    rows = [int(r) for r in args.rows.split(",")]
+    out = []
+    print(f"variants: {ck.set_gemm_isa('avx512')} / avx2, {args.threads} threads")
+    print(f"{'shape':>16} {'rows':>4} {'avx2 us':>9} {'avx512 us':>10} {'ratio':>6}")
+    for name, (n, k) in SHAPES.items():
+        w = ck.PackedBf16(torch.randn(n, k, generator=g).to(torch.bfloat16))
+        for m in rows:
+            x = torch.randn(m, k, generator=g)
+            times = {"avx2": [], "avx512": []}
+            for _ in range(args.rounds):
+                for isa in ("avx2", "avx512"):
+                    ck.set_gemm_isa(isa)
+                    for _ in range(3):
+                        ck.gemm_bf16w(x, w)
+                    t = time.perf_counter()
+                    for _ in range(20):
+                        ck.gemm_bf16w(x, w)
+                    times[isa].append((time.perf_counter() - t) / 20 * 1e6)
+            a, b = statistics.median(times["avx2"]), statistics.median(times["avx512"])
+            out.append({"shape": name, "n": n, "k": k, "rows": m, "avx2_us": a, "avx512_us": b})
+            print(f"{name:>16} {m:>4} {a:>9.0f} {b:>10.0f} {a / b:>6.2f}")
+    ck.set_gemm_isa("avx512")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
