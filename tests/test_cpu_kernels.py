@@ -62,7 +62,7 @@ def test_gemm_variants_give_the_same_bits():
             w = torch.randn(n, k, generator=g).to(torch.bfloat16)
             b = torch.randn(n, generator=g)
             x = torch.randn(20, k, generator=g)
-            for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 20):
+            for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 20):
                 for bias in (None, b):
                     cpu_kernels.set_gemm_isa("avx512")
                     a = cpu_kernels.gemm_bf16w(x[:m], w, bias)
