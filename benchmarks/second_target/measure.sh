@@ -28,8 +28,8 @@ dspark export --to llama.cpp $QD $M/qwen-dspark-llama.cpp --model $Q > $M/export
 [ -f runs/logs/train-D.pid ] && while kill -0 "$(cat runs/logs/train-D.pid)" 2>/dev/null; do sleep 10; done
 step "calibrate the continued default drafter"
 dspark calibrate --drafter $D --data runs/data/heldout.jsonl > $M/calibrate-D.log 2>&1
-step "eval acceptance: continued (the shipped drafter and ngram: 1.76 and 2.14 by the same deterministic command)"
-dspark eval acceptance --drafter $D --block 7 \
+step "eval acceptance: continued, shipped, ngram"
+dspark eval acceptance --drafter $D --drafter dspark/drafters/shipped/dspark --drafter ngram --block 7 \
   --domains math,code,chat --num-prompts 10 --max-tokens 128 --max-num-seqs 10 --json --plot $M/acc-D.png \
   > $M/eval-D.jsonl 2> $M/eval-D.err
 fi
