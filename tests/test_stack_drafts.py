@@ -46,8 +46,8 @@ def test_confidence_kept_only_when_every_part_has_it():
 
 def test_merge_drafts_keeps_one_source_as_is_and_stacks_two():
     d = _drafted(3, 2, 7)
-    whole = merge_drafts(3, 2, [0, 1, 2], d, [], None)
+    whole = merge_drafts(3, [0, 1, 2], d, [], None)
     assert whole.tokens is d.tokens and whole.valid == [2, 2, 2]
     lk = _looked([[5, -1]], [1])
-    mixed = merge_drafts(3, 2, [0, 2], _drafted(2, 2, 7), [1], lk)
+    mixed = merge_drafts(3, [0, 2], _drafted(2, 2, 7), [1], lk)
     assert mixed.valid == [2, 1, 2] and mixed.logits[1, 0, 5] == 0 and torch.isinf(mixed.logits[1, 1]).all()

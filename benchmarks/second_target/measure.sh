@@ -5,7 +5,7 @@
 #   measure.sh timing     start-up, kernels, step-time curves, sweeps (a quiet machine only)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-Q=${Q:-/tmp/qc/qwen2.5-coder-0.5b-instruct.gguf}
+Q=${Q:-$(scripts/fetch_qwen_coder.sh)}  # the run itself used a copy in /tmp/qc
 QD=${QD:-runs/qwen/train/dspark}
 D=${D:-runs/train/dspark-D}
 M=runs/measure-s30

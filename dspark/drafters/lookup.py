@@ -210,8 +210,6 @@ class HybridDrafter(Drafter):
         #: recent mean drafter confidence per position (None until the drafter ran)
         self.drafter_mean: list[float] | None = None
         self._last: dict[object, tuple[LookupMatch, int, list[float]]] = {}
-        #: per request, an n-gram index of its emitted tokens (prompt, output, anchor)
-        self._index: dict[object, SuffixIndex] = {}
         self.counts = {"lookup_tokens": 0, "drafter_tokens": 0, "drafter_skipped": 0, "requests": 0,
                        "lookup_only": 0}
         #: rows drafted by how many leading tokens came from lookup (0 = drafter only)
@@ -237,11 +235,10 @@ class HybridDrafter(Drafter):
         self.inner.release(request_id)
         self.history.release(request_id)
         self._last.pop(request_id, None)
-        self._index.pop(request_id, None)
 
     def num_requests(self) -> int:
         # the largest of the parts' counts, so that a leak in any of them shows
-        return max(self.inner.num_requests(), self.history.num_requests(), len(self._last), len(self._index))
+        return max(self.inner.num_requests(), self.history.num_requests(), len(self._last))
 
     def append_context(self, request_ids, tokens, start_positions, hidden) -> None:
         self.inner.append_context(request_ids, tokens, start_positions, hidden)
@@ -267,7 +264,8 @@ class HybridDrafter(Drafter):
             if req.anchor_position != len(seq):
                 raise ValueError(f"request {req.request_id!r}: anchor at position {req.anchor_position} but the "
                                  f"drafter holds {len(seq)} context tokens")
-            m = self._match(req.request_id, num_tokens, seq, [req.anchor_token])
+            m = LookupMatch(*self.history.suffix_index(req.request_id, seq, [req.anchor_token])
+                            .most_frequent(num_tokens))
             matches.append(m)
             confs.append(self.calibration.confidence(m))
         need = [i for i, c in enumerate(confs) if not self._skip_drafter(c, num_tokens)]
@@ -291,20 +289,11 @@ class HybridDrafter(Drafter):
             return DraftOutput(out.tokens, out.logits, out.confidence, num_lookup=out.num_lookup)
         return self._assemble(out, need, matches, confs, num_tokens)
 
-    def _match(self, request_id: object, num_tokens: int, *parts: list[int]) -> LookupMatch:
-        """`lookup` on the concatenation of `parts`, from the request's incremental index."""
-        index = self._index.get(request_id)
-        if index is None:
-            index = self._index[request_id] = SuffixIndex(self.history.max_ngram, self.history.min_ngram)
-        index.sync(*parts)
-        return LookupMatch(*index.most_frequent(num_tokens))
-
-    def lookup_only(self, request_ids: list, contexts: list, num_tokens: int) -> DraftOutput:
+    def lookup_only(self, request_ids: list, contexts: list[tuple[list[int], ...]], num_tokens: int) -> DraftOutput:
         """Prompt lookup alone (the drafter is not run): what the engine proposes for
         requests the scheduler leaves out of drafting, since a lookup token costs
         verification but no drafter time. `contexts` are the requests' whole token
-        sequences, anchor last, each a list or a tuple of lists to concatenate
-        (prompt, output). Each row: the match's tokens then -1 (`num_valid` says
+        sequences, anchor last, each as the parts to concatenate (prompt, output). Each row: the match's tokens then -1 (`num_valid` says
         how many are real), their calibrated confidences then 0, and no logits (point
         masses, as in n-gram drafting)."""
         r, dev = len(request_ids), self.inner.device
@@ -312,7 +301,7 @@ class HybridDrafter(Drafter):
         conf = torch.zeros(r, num_tokens)
         valid = torch.zeros(r, dtype=torch.long)
         for i, (rid, ctx) in enumerate(zip(request_ids, contexts)):
-            m = self._match(rid, num_tokens, *(ctx if isinstance(ctx, tuple) else (ctx,)))
+            m = LookupMatch(*self.history.suffix_index(rid, *ctx).most_frequent(num_tokens))
             c = self.calibration.confidence(m)
             n = len(m.tokens)
             if n:

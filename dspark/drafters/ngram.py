@@ -95,6 +95,15 @@ class NgramDrafter(Drafter):
     def context_length(self, request_id: object) -> int:
         return len(self._seq(request_id))
 
+    def suffix_index(self, request_id: object, *parts: list[int]) -> SuffixIndex:
+        """The request's n-gram index, brought up to the concatenation of `parts` (its
+        emitted tokens: context, then anchor; or prompt, then output)."""
+        index = self._index.get(request_id)
+        if index is None:
+            index = self._index[request_id] = SuffixIndex(self.max_ngram, self.min_ngram)
+        index.sync(*parts)
+        return index
+
     def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:
         if not 1 <= num_tokens <= self.max_draft_tokens:
             raise ValueError(f"ngram drafts 1..{self.max_draft_tokens} tokens per call, asked for {num_tokens}")
@@ -107,11 +116,7 @@ class NgramDrafter(Drafter):
                     f"request {req.request_id!r}: anchor at position {req.anchor_position} but the drafter "
                     f"holds {len(seq)} context tokens"
                 )
-            index = self._index.get(req.request_id)
-            if index is None:
-                index = self._index[req.request_id] = SuffixIndex(self.max_ngram, self.min_ngram)
-            index.sync(seq, [req.anchor_token])
-            cont = index.latest(num_tokens)
+            cont = self.suffix_index(req.request_id, seq, [req.anchor_token]).latest(num_tokens)
             out[i, : len(cont)] = torch.tensor(cont, dtype=torch.long)
             valid[i] = len(cont)
         return DraftOutput(out, None, None, valid)

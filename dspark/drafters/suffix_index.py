@@ -4,8 +4,8 @@ For every n-gram (n = min_ngram..max_ngram) of the sequence that is followed by 
 token, the index keeps, per following token, how often it followed and where it last
 did. A lookup is then a dictionary probe per n instead of a scan of the whole
 sequence, and growing the sequence by k tokens costs O(k * max_ngram): what made
-per-step lookup cost grow with the context (about 0.4 ms a row at 1,000 tokens, per
-step) is gone. The answers equal the scans they replace (`lookup.lookup` and
+per-step lookup cost grow with the context (about 0.35 ms a row at 1,000 tokens,
+per step) is gone. The answers equal the scans they replace (`lookup.lookup` and
 `ngram.propose_continuation`, kept as the reference and tested against this).
 """
 
@@ -61,7 +61,7 @@ class SuffixIndex:
                     self.push(int(t))
             pos = end
 
-    def _follow(self, num_tokens: int):
+    def _follow(self):
         """(n, {token: [count, latest]}) for the longest suffix n-gram that occurred
         earlier with a following token; (0, None) when none did."""
         toks = self.tokens
@@ -75,7 +75,7 @@ class SuffixIndex:
     def latest(self, num_tokens: int) -> list[int]:
         """The continuation of the latest earlier occurrence of the longest matching
         suffix n-gram (plain n-gram drafting); [] when nothing matches."""
-        _, follow = self._follow(num_tokens)
+        _, follow = self._follow()
         if follow is None:
             return []
         start = max(e[1] for e in follow.values())
@@ -86,7 +86,7 @@ class SuffixIndex:
         the longest matching suffix n-gram, the latest whose first token followed it
         most often; `agreed` when only one token ever followed it. ([], 0, True) when
         nothing matches."""
-        n, follow = self._follow(num_tokens)
+        n, follow = self._follow()
         if follow is None:
             return [], 0, True
         best = max(e[0] for e in follow.values())

@@ -20,7 +20,7 @@ class StepDrafts:
     valid: list[int]  # per row, how many leading tokens are real proposals
 
 
-def merge_drafts(num_rows: int, num_tokens: int, rows: list[int], drafted: DraftOutput | None,
+def merge_drafts(num_rows: int, rows: list[int], drafted: DraftOutput | None,
                  looked: list[int], lookup: DraftOutput | None) -> StepDrafts:
     """The drafter's output for `rows` and lookup's for `looked` (disjoint row indices)
     as [num_rows, ...] tensors (`stack_drafts`: lookup rows get point-mass logits when

@@ -154,7 +154,7 @@ class SpecRunner:
             bad = _faulty_rows(out, [decodes[i].params.greedy for i in rows])
             if bad:
                 self._fault("draft", f"non-finite logits or confidences for {len(bad)} of {len(rows)} requests")
-        block = merge_drafts(len(decodes), n, rows, out, looked, lk)
+        block = merge_drafts(len(decodes), rows, out, looked, lk)
         order = rows + looked
         g = block.tokens.shape[1]
         if block.confidence is not None:

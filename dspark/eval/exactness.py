@@ -47,7 +47,7 @@ def transformers_greedy(model_dir: str, prompts_ids: list[list[int]], max_tokens
 
 
 def check_greedy(target, prompts: list[str], configs: dict, max_tokens: int, max_len: int = 1024,
-                 references: list[list[int]] | None = None, on_row=None) -> list[ExactnessRow]:
+                 on_row=None) -> list[ExactnessRow]:
     """Our greedy output for every prompt (chat template applied) under every config
     (name -> SpeculativeConfig, or None for plain decoding), each against transformers
     fp32 on `target.path`. `on_row` sees each row as it is done."""
@@ -55,8 +55,7 @@ def check_greedy(target, prompts: list[str], configs: dict, max_tokens: int, max
     from dspark.sampling import SamplingParams
 
     prompts_ids = [target.tokenizer.chat_prompt(p) for p in prompts]
-    if references is None:
-        references = transformers_greedy(str(target.path), prompts_ids, max_tokens, target.tokenizer.eos_token_ids)
+    references = transformers_greedy(str(target.path), prompts_ids, max_tokens, target.tokenizer.eos_token_ids)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     rows = []
     for name, spec in configs.items():
