@@ -1,8 +1,9 @@
-"""Where a speculative round's time goes, at one request, without HTTP.
+"""Where a speculative round's time goes, at one request or a batch, without HTTP.
 
 For each configuration (plain decoding and speculative ones), prompts are decoded
-greedily one at a time, the configurations interleaved prompt by prompt (so drift
-of the machine falls on all of them alike), and every engine step is split into
+greedily, one at a time or `--concurrency` at once (one batch of that many prompts,
+all started together), the configurations interleaved batch by batch (so drift of
+the machine falls on all of them alike), and every engine step is split into
 phases:
 
   target    the target's forward (the verification of 1 + L tokens)
@@ -16,6 +17,10 @@ time outside the target's forward as a share of a plain decode step's target tim
 
     python3 scripts/bench_round_phases.py --max-tokens 128 --prompts 6
     python3 scripts/bench_round_phases.py --configs plain,dspark-1,mtp,ngram --json out.json
+    python3 scripts/bench_round_phases.py --configs plain,hybrid --concurrency 16 --prompts 2
+
+At --concurrency N, "tok/s" is the batch's output tokens per second, "tau" tokens per
+request-round, and the phases are per step (one step serves all N requests).
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ CONFIGS = {
     "dspark-adaptive": {"method": "dspark", "enable_adaptive_verification": True},
     "mtp": {"method": "mtp"},
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
+    "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # the default
+    # the default with the scheduler's table as profiled at start-up (not corrected by measured steps)
+    "hybrid-profiled": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
+                        "live_step_time": False},
+    # the default without the plain-decoding fallback
+    "hybrid-always": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
+                      "plain_fallback": False},
 }
 PROMPTS = [
     "Explain in a few sentences why the ocean is salty.",
@@ -45,6 +57,9 @@ PROMPTS = [
     "Sarah has 12 apples and gives away a third of them. How many are left?",
     "Describe how a bill becomes a law in the United States.",
 ]
+
+
+PHASES = ("target", "draft", "lookup", "context", "verify", "other")
 
 
 class PhaseClock:
@@ -66,11 +81,11 @@ class PhaseClock:
         setattr(obj, name, timed)
 
 
-def run_one(target, spec, prompt_ids, max_tokens: int) -> dict:
+def run_one(target, spec, prompts: list[list[int]], max_tokens: int) -> dict:
     from dspark.engine.engine import EngineConfig, LLMEngine
     from dspark.sampling import SamplingParams
 
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=2048))
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=len(prompts), max_model_len=2048))
     clock = PhaseClock()
     runner = engine.runner
     clock.wrap(runner, "model", "target")
@@ -78,20 +93,23 @@ def run_one(target, spec, prompt_ids, max_tokens: int) -> dict:
     if runner.drafter is not None:
         clock.wrap(runner.drafter, "draft", "draft")
         clock.wrap(runner.drafter, "append_context", "context")
-    seq = engine.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    while seq.num_prefilled < len(prompt_ids) or not seq.prefilled:  # the prefill is not a round
+        if hasattr(runner.drafter, "lookup_only"):
+            clock.wrap(runner.drafter, "lookup_only", "lookup")
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+    while any(not s.prefilled for s in seqs):  # the prefills are not rounds
         engine.step()
     clock.ms.clear()
-    rounds, t0 = 0, time.perf_counter()
-    start_tokens = len(seq.output_ids)
-    while not seq.is_finished:
+    rounds, request_rounds, t0 = 0, 0, time.perf_counter()
+    start_tokens = sum(len(s.output_ids) for s in seqs)
+    while not all(s.is_finished for s in seqs):
+        request_rounds += sum(not s.is_finished for s in seqs)
         engine.step()
         rounds += 1
     total = (time.perf_counter() - t0) * 1e3
-    tokens = len(seq.output_ids) - start_tokens
+    tokens = sum(len(s.output_ids) for s in seqs) - start_tokens
     phases = dict(clock.ms)
     phases["other"] = total - sum(phases.values())
-    return {"rounds": rounds, "tokens": tokens, "ms": total, "phases": phases}
+    return {"rounds": rounds, "request_rounds": request_rounds, "tokens": tokens, "ms": total, "phases": phases}
 
 
 def main() -> int:
@@ -100,13 +118,15 @@ def main() -> int:
                     help=f"comma-separated, from {', '.join(CONFIGS)} (default: %(default)s)")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per configuration (default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=128, help="(default: %(default)s)")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="requests decoded together in one batch (default: %(default)s)")
     ap.add_argument("--dtype", default="auto", help="(default: %(default)s)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
     args = ap.parse_args()
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in names if c not in CONFIGS]
-    if unknown or not 1 <= args.prompts <= len(PROMPTS):
-        print(f"error: unknown configs {unknown} or --prompts outside 1..{len(PROMPTS)}", file=sys.stderr)
+    if unknown or args.prompts < 1 or args.concurrency < 1:
+        print(f"error: unknown configs {unknown}, or --prompts / --concurrency below 1", file=sys.stderr)
         return 2
 
     from dspark.engine.config import SpeculativeConfig
@@ -115,11 +135,14 @@ def main() -> int:
     target = Target.load("default", dtype=args.dtype, device="cpu", max_len=2048, log=print)
     specs = {n: SpeculativeConfig(**CONFIGS[n]) if CONFIGS[n] else None
              for n in names}
-    prompts = [target.tokenizer.chat_prompt(p) for p in PROMPTS[: args.prompts]]
+    c = args.concurrency
+    texts = [PROMPTS[j % len(PROMPTS)] for j in range(args.prompts * c)]
+    encoded = [target.tokenizer.chat_prompt(p) for p in texts]
+    batches = [encoded[i * c: (i + 1) * c] for i in range(args.prompts)]  # one batch per "prompt"
     for n in names:  # warm-up: kernels, caches, first-use allocations
-        run_one(target, specs[n], prompts[0], 8)
+        run_one(target, specs[n], batches[0], 8)
     results: dict[str, list[dict]] = {n: [] for n in names}
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(batches):
         order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
         for n in order:
             results[n].append(run_one(target, specs[n], p, args.max_tokens))
@@ -127,17 +150,17 @@ def main() -> int:
     if "plain" in results:
         plain_target = sum(r["phases"]["target"] for r in results["plain"]) / sum(r["rounds"] for r in results["plain"])
     print(f"\n{'config':<16} {'tok/s':>7} {'tau':>5} {'ms/round':>9}  "
-          + " ".join(f"{p:>8}" for p in ("target", "draft", "context", "verify", "other"))
+          + " ".join(f"{p:>8}" for p in PHASES)
           + "  outside-target")
     for n in names:
         rs = results[n]
         rounds = sum(r["rounds"] for r in rs)
         tps = statistics.median(r["tokens"] / r["ms"] * 1e3 for r in rs)
-        per = {p: sum(r["phases"].get(p, 0.0) for r in rs) / rounds
-               for p in ("target", "draft", "context", "verify", "other")}
+        per = {p: sum(r["phases"].get(p, 0.0) for r in rs) / rounds for p in PHASES}
         outside = sum(v for k, v in per.items() if k != "target")
-        share = f"{outside / plain_target:6.1%} of T(1)" if plain_target else ""
-        print(f"{n:<16} {tps:7.1f} {sum(r['tokens'] for r in rs) / rounds:5.2f} {sum(per.values()):9.2f}  "
+        share = f"{outside / plain_target:6.1%} of plain target" if plain_target else ""
+        tau = sum(r["tokens"] for r in rs) / sum(r["request_rounds"] for r in rs)
+        print(f"{n:<16} {tps:7.1f} {tau:5.2f} {sum(per.values()):9.2f}  "
               + " ".join(f"{per[p]:8.2f}" for p in per) + f"  {outside:5.2f} ms {share}")
     if args.json:
         with open(args.json, "w") as fh:

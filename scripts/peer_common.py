@@ -21,32 +21,36 @@ def sh(cmd: list[str], log: Path) -> None:
         sys.exit(f"failed ({rc}): {' '.join(cmd)}; see {log}")
 
 
-def export_drafter(method: str, fmt: str, out: Path, log: Path) -> Path:
-    """`dspark export` of the shipped drafter `method` in format `fmt` (fp32)."""
-    sh([sys.executable, "-m", "dspark.cli.main", "export", str(SHIPPED / method), "--to", fmt, str(out),
+def export_drafter(method: str, fmt: str, out: Path, log: Path, drafter: Path | None = None) -> Path:
+    """`dspark export` of the shipped drafter `method` (or the drafter directory
+    `drafter`) in format `fmt` (fp32)."""
+    sh([sys.executable, "-m", "dspark.cli.main", "export", str(drafter or SHIPPED / method), "--to", fmt, str(out),
         "--dtype", "fp32"], log)
     return out
 
 
-def load_target_and_prompts(dtype: str, threads: int, num_prompts: int):
-    """The default target in `dtype` and `num_prompts` mixed held-out chat prompts as token ids."""
+def load_target_and_prompts(dtype: str, threads: int, num_prompts: int, model: str = "default"):
+    """The target `model` (default: the embedded one) in `dtype` and `num_prompts` mixed
+    held-out chat prompts as token ids."""
     import torch
 
     from dspark.bench.dataset import heldout_prompts
     from dspark.runtime.target import Target
 
     torch.set_num_threads(threads)
-    target = Target.load("default", dtype=dtype, max_len=2048)
+    target = Target.load(model, dtype=dtype, max_len=2048)
     prompts = [target.tokenizer.apply_chat_template(p.chat_messages())
                for p in heldout_prompts("mixed", num_prompts)]
     return target, prompts
 
 
-def our_acceptance(target, method: str, block: int, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Our engine's acceptance with the shipped drafter, every drafted token verified."""
+def our_acceptance(target, method: str, block: int, prompts: list[list[int]], max_tokens: int,
+                   drafter: Path | None = None) -> dict:
+    """Our engine's acceptance with the shipped drafter (or `drafter`), every drafted
+    token verified."""
     from dspark.eval.acceptance import measure_acceptance
 
-    ours = measure_acceptance(target, SHIPPED / method, block, prompts, max_tokens=max_tokens)
+    ours = measure_acceptance(target, drafter or SHIPPED / method, block, prompts, max_tokens=max_tokens)
     return {"tau": ours.acceptance_length, "per_position": ours.per_position,
             "acceptance_rate": (ours.acceptance_length - 1) / ours.block,  # accepted per drafted token
             "rounds": ours.rounds, "tokens": ours.output_tokens}

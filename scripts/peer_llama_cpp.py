@@ -12,6 +12,13 @@ measure our engine's acceptance on the same prompts with the same drafter and bl
     python scripts/peer_llama_cpp.py [--num-prompts 12] [--max-tokens 64] \
         [--json benchmarks/llama_cpp_interop.json]
 
+Your own target and drafter: `--target FILE.gguf` (served by llama-server as it is,
+loaded by our engine through its GGUF reader) and `--drafter DIR` (a trained drafter;
+its method from its config), e.g. the second target:
+
+    python scripts/peer_llama_cpp.py --target ~/.cache/dspark/gguf/qwen2.5-coder-0.5b-instruct.gguf \
+        --drafter runs/qwen/train/dspark --work runs/llama_cpp_qwen
+
 Acceptance rate = accepted draft tokens / drafted tokens over all prompts (llama-server
 reports draft_n and draft_n_accepted per request); tau = generated tokens per target
 forward (1 + accepted per round) on our side.
@@ -55,6 +62,10 @@ def main() -> None:
     ap.add_argument("--llama-dir", default=str(ROOT / ".llama.cpp"))
     ap.add_argument("--work", default=str(ROOT / "runs/llama_cpp"), help="GGUFs, exports and logs")
     ap.add_argument("--methods", default="dspark,dflash,eagle3")
+    ap.add_argument("--target", default="default",
+                    help="the target: default (the embedded model, converted to a bf16 GGUF) or a GGUF file")
+    ap.add_argument("--drafter", default=None,
+                    help="a trained drafter directory instead of the shipped ones (--methods is then its method)")
     ap.add_argument("--num-prompts", type=int, default=12, help="held-out prompts, mixed domains")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--block", type=int, default=7, help="drafted tokens per round (--spec-draft-n-max)")
@@ -69,13 +80,23 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
 
     from dspark.runtime.default_model import default_model_dir
+    from dspark.runtime.gguf_model import gguf_model_dir
 
-    tdir = default_model_dir()
-    target_gguf = work / "target-bf16.gguf"
-    if not target_gguf.is_file():
-        sh([sys.executable, str(llama / "convert_hf_to_gguf.py"), str(tdir), "--outtype", "bf16",
-            "--outfile", str(target_gguf)], work / "convert-target.log")
-    target, prompts = load_target_and_prompts(args.dtype, args.threads, args.num_prompts)
+    drafter = Path(args.drafter) if args.drafter else None
+    if drafter is not None:
+        from dspark.drafters.checkpoint import read_config
+
+        args.methods = read_config(drafter).method
+    if args.target == "default":
+        tdir = default_model_dir()
+        target_gguf = work / "target-bf16.gguf"
+        if not target_gguf.is_file():
+            sh([sys.executable, str(llama / "convert_hf_to_gguf.py"), str(tdir), "--outtype", "bf16",
+                "--outfile", str(target_gguf)], work / "convert-target.log")
+    else:
+        target_gguf = Path(args.target).expanduser()
+        tdir = gguf_model_dir(target_gguf)  # the HF directory our engine reads it as
+    target, prompts = load_target_and_prompts(args.dtype, args.threads, args.num_prompts, args.target)
     common = ["-m", str(target_gguf), "-t", str(args.threads), "-c", "4096", "-np", "1", "--no-warmup"]
 
     with serve(llama, common, args.port, work / "server-plain.log") as srv:
@@ -83,7 +104,7 @@ def main() -> None:
     plain_tokens = [r.get("tokens") for r in plain]
     rows = []
     for method in args.methods.split(","):
-        export = export_drafter(method, "llama.cpp", work / f"export-{method}", work / f"export-{method}.log")
+        export = export_drafter(method, "llama.cpp", work / f"export-{method}", work / f"export-{method}.log", drafter)
         draft_gguf = work / f"draft-{method}.gguf"
         sh([sys.executable, str(llama / "convert_hf_to_gguf.py"), str(export), "--target-model-dir", str(tdir),
             "--outtype", "bf16", "--outfile", str(draft_gguf)], work / f"convert-{method}.log")
@@ -99,11 +120,12 @@ def main() -> None:
         rows.append({
             "method": method, "prompts": len(prompts), "greedy_equal_to_plain": equal,
             "llama_cpp": {"drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / max(1, drafted)},
-            "dspark": our_acceptance(target, method, args.block, prompts, args.max_tokens),
+            "dspark": our_acceptance(target, method, args.block, prompts, args.max_tokens, drafter),
             "llama_cpp_wall_s": wall,
         })
         print(json.dumps(rows[-1]), flush=True)
-    result = {"command": " ".join(sys.argv), "max_tokens": args.max_tokens, "block": args.block,
+    result = {"command": " ".join(sys.argv), "target": args.target, "drafter": args.drafter,
+              "max_tokens": args.max_tokens, "block": args.block,
               "dtype": args.dtype, "threads": args.threads, "rows": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -72,6 +72,12 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     lookup: bool = False
     lookup_calibration: str | None = None
+    #: the scheduler's step-time table corrected by the engine's own measured steps
+    #: (dspark.schedule.live); false keeps the profile as measured at start-up
+    live_step_time: bool = True
+    #: turn speculation off for stretches where it measures slower than plain decoding
+    #: (dspark.engine.governor); adaptive verification on a CPU only
+    plain_fallback: bool = True
 
     def __post_init__(self) -> None:
         # the names are drafters' and schedule's (imported here: this module stays
@@ -93,6 +99,9 @@ class SpeculativeConfig:
                 raise UserError(f"markov_candidates applies to the dspark method's Markov head, not {self.method!r}")
         if not isinstance(self.lookup, bool):
             raise UserError(f"lookup must be true or false, got {self.lookup!r}")
+        for name in ("live_step_time", "plain_fallback"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if (self.lookup or self.lookup_calibration) and self.method != "dspark":
             raise UserError(f"lookup (hybrid drafting) combines prompt lookup with the dspark method's confidences, "
                             f"not with {self.method!r}")
@@ -169,7 +178,8 @@ def build_drafter(spec: SpeculativeConfig, target):
     else:
         pack_cpu_bf16_linears(drafter)
     if spec.lookup:
-        from dspark.drafters.lookup import HybridDrafter, LookupCalibration
+        from dspark.drafters.hybrid import HybridDrafter
+        from dspark.drafters.lookup import LookupCalibration
 
         calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
         drafter = HybridDrafter(drafter, calibration, spec.prompt_lookup_max, spec.prompt_lookup_min)

@@ -13,6 +13,8 @@ tuples, one append per step) for whoever wants to watch the scheduler work.
 
 from __future__ import annotations
 
+import copy
+
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -83,12 +85,27 @@ class LLMEngine:
         self.policy = policy
         self.step_table = step_table
         self.step_watch = None
+        #: the table corrected by measured steps (CPU only: there a forward's wall time is its cost)
+        self.live_table = None
+        #: speculation or plain decoding by measured throughput (CPU only, with a table)
+        self.governor = None
         if target.device.type == "cpu":
             from dspark.profiling.watch import StepWatch
 
-            # with a table: against the profile (and it keeps the table true); without
-            # one (plain decoding): against the fastest steps seen so far
-            self.step_watch = StepWatch(step_table)
+            if step_table is not None and spec is not None and spec.live_step_time:
+                from dspark.schedule.live import LiveStepTime
+
+                self.live_table = LiveStepTime(step_table)
+            if step_table is not None and spec is not None and spec.plain_fallback:
+                from .governor import SpecGovernor
+
+                self.governor = SpecGovernor()
+            # with a table: against the profile (and it keeps the table true, unless the
+            # live table does that: then against a copy of the profile, so that a slowdown
+            # the live table learns still shows); without one (plain decoding): against
+            # the fastest steps seen so far
+            watched = step_table if self.live_table is None else copy.deepcopy(step_table)
+            self.step_watch = StepWatch(watched, rescale=self.live_table is None)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # finished requests' counters, for metrics
@@ -170,12 +187,21 @@ class LLMEngine:
         # Admitted before the forward, so that after a failed step every request it
         # touched is in `running` and can be aborted (freeing its slot).
         self.running.extend(admitted)
+        runner = self.runner
+        if self.governor is not None:
+            runner.speculating = self.governor.speculating(len(decodes))
         t0 = time.perf_counter()
         emitted = self.runner.step(chunks, decodes)
         seconds = time.perf_counter() - t0
-        runner = self.runner
         if self.step_watch is not None:
             self.step_watch.record(runner.last_forward_tokens, runner.last_drafted_requests, seconds)
+        if not chunks and decodes:
+            if self.live_table is not None:
+                self.live_table.record(runner.last_forward_tokens, runner.last_target_seconds,
+                                       runner.last_drafted_requests, runner.last_draft_seconds)
+            if self.governor is not None:
+                self.governor.record(len(decodes), sum(len(emitted[s.request_id]) for s in decodes), seconds,
+                                     self.step_table.target_time(len(decodes)))
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
                                             sum(len(t) for t in emitted.values())))

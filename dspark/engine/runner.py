@@ -19,6 +19,7 @@ A request added with `speculate=False` never reaches the drafter: it decodes pla
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -30,15 +31,15 @@ from dspark.schedule.policies import VerifyLengthPolicy, free_lengths
 from dspark.verify import rejection_sample
 
 from .calibration_watch import CalibrationWatch
+from .context_feed import ContextFeed
 from .draft_gate import DraftGate
 from .drafts import merge_drafts
 from .sequence import Sequence
 
 log = logging.getLogger("dspark.engine")
 
-#: a request's backlog of undrafted context (tokens) at which it is fed to the drafter
-#: anyway, which bounds the memory a long stretch without drafting holds
-PENDING_FLUSH = 256
+#: requests drafted on a probe step (the policy drafts to re-measure, not because it pays)
+PROBE_ROWS = 4
 
 
 class SpecRunner:
@@ -61,7 +62,13 @@ class SpecRunner:
         #: the shape of the last step's work: tokens in its target forward, requests drafted for
         self.last_forward_tokens = 0
         self.last_drafted_requests = 0
+        #: wall seconds of the last step's target forward, and of its drafting (0 if none)
+        self.last_target_seconds = 0.0
+        self.last_draft_seconds = 0.0
         self._num_drafted = 0
+        self._probe_turn = 0
+        #: False: this step decodes plain, drafting and lookup untouched (the governor's call)
+        self.speculating = True
         #: the verification length chosen for each running request in the last step
         self.last_verify_lengths: list[int] = []
         #: drafter faults survived (draft calls that raised or returned non-finite values,
@@ -75,11 +82,8 @@ class SpecRunner:
         #: the drafter's confidences against verification, while serving
         self.calibration = CalibrationWatch()
         self._confidence: list[list[float] | None] | None = None  # this step's, per decode
-        #: accepted tokens whose tapped hidden states the drafter has not been given yet,
-        #: per request: (start position, tokens, hidden [n, taps, H]) in order. The drafter
-        #: is fed only right before it drafts, so a step that skips drafting costs what a
-        #: plain step costs; the skipped positions reach it in one batched call.
-        self._pending: dict[object, list[tuple[int, list[int], torch.Tensor | None]]] = {}
+        #: accepted tokens and their hidden states not given to the drafter yet
+        self.feed = ContextFeed(drafter, self.device, self.undrafted, self._fault) if drafter else None
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -99,7 +103,7 @@ class SpecRunner:
             seq.slot = -1
             if self.drafter is not None and seq.speculate:
                 self.undrafted.discard(seq.request_id)
-                self._pending.pop(seq.request_id, None)
+                self.feed.drop(seq.request_id)
                 self.gate.release(seq.request_id)
                 try:
                     self.drafter.release(seq.request_id)
@@ -121,13 +125,18 @@ class SpecRunner:
         self._confidence = None
         self._num_drafted = 0
         n = self.num_speculative_tokens
-        if not decodes or n == 0:
+        if not decodes or n == 0 or not self.speculating:
             return none
         drafting = self.policy.should_draft(len(decodes), n)
         live = [i for i, s in enumerate(decodes) if s.speculate and s.request_id not in self.undrafted]
         rows = [i for i in live if drafting and self.gate.wants_draft(decodes[i].request_id)]
+        if len(rows) > PROBE_ROWS and getattr(self.policy, "probing", False):
+            # a probe (drafting has not paid lately): a few requests, in turn, refresh the
+            # survivals the next decision rests on; all of them would cost a full draft
+            self._probe_turn = (self._probe_turn + PROBE_ROWS) % len(rows)
+            rows = sorted((rows + rows)[self._probe_turn: self._probe_turn + PROBE_ROWS])
         if rows:
-            self._flush_pending([decodes[i].request_id for i in rows])
+            self.feed.flush([decodes[i].request_id for i in rows])
             rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
         looked = []
         if self.lookup_rows:
@@ -185,12 +194,17 @@ class SpecRunner:
         token with its last chunk. The phases: draft and choose lengths, prepare the
         flat batch, one target forward, verify, commit (cache, sequences, drafter
         context)."""
+        t0 = time.perf_counter()
         lengths, draft_tokens, draft_logits = self._verify_lengths(decodes)
+        t1 = time.perf_counter()
+        self.last_draft_seconds = t1 - t0 if self._num_drafted else 0.0
         prepared = self._prepare(prefills, decodes, lengths, draft_tokens)
         if prepared is None:
             return {}
         batch, tokens = prepared
+        t1 = time.perf_counter()
         logits, hidden = self.model(batch, self.cache, self.hidden_layers)
+        self.last_target_seconds = time.perf_counter() - t1
         finishing = [s for s, _, end in prefills if end == len(s.prompt_ids)]
         result = self._verify(logits, decodes + finishing, lengths + [0] * len(finishing), draft_tokens,
                               draft_logits)
@@ -291,71 +305,9 @@ class SpecRunner:
                 s.num_steps += 1
                 s.anchor = out[-1]
                 emitted[s.request_id] = out
-        if self.drafter is not None:
-            self._stash(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
+        if self.feed is not None:
+            self.feed.stash(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
         return emitted
-
-    def _stash(self, ids: list, tokens: list[list[int]], starts: list[int], rows: list[int],
-               hidden: torch.Tensor | None) -> None:
-        """Keep the accepted tokens and their tapped hidden states for the drafter's next
-        draft; a request whose backlog reaches PENDING_FLUSH tokens is fed at once."""
-        at, full = 0, []
-        for rid, toks, start in zip(ids, tokens, starts):
-            n = len(toks)
-            if rid not in self.undrafted:
-                h = None if hidden is None else hidden.index_select(
-                    0, torch.tensor(rows[at: at + n], device=self.device))
-                backlog = self._pending.setdefault(rid, [])
-                backlog.append((start, toks, h))
-                if sum(len(t) for _, t, _ in backlog) >= PENDING_FLUSH:
-                    full.append(rid)
-            at += n
-        if full:
-            self._flush_pending(full)
-
-    def _flush_pending(self, ids: list) -> None:
-        """Hand the backlog of these requests to the drafter in one call."""
-        todo = [rid for rid in ids if self._pending.get(rid)]
-        if not todo:
-            return
-        starts, tokens, hiddens = [], [], []
-        for rid in todo:
-            backlog = self._pending.pop(rid)
-            starts.append(backlog[0][0])
-            tokens.append([t for _, toks, _ in backlog for t in toks])
-            hiddens.extend(h for _, _, h in backlog)
-        hidden = None if any(h is None for h in hiddens) else torch.cat(hiddens)
-        rows = list(range(sum(len(t) for t in tokens)))
-        self._feed_drafter(todo, tokens, starts, rows, hidden)
-
-    def _feed_drafter(self, ids: list, tokens: list[list[int]], starts: list[int], rows: list[int],
-                      hidden: torch.Tensor | None) -> None:
-        """Hand accepted tokens (and their hidden states) to the drafter; when the batched
-        call fails, each request alone, and those that still fail are left undrafted."""
-        keep = [i for i, rid in enumerate(ids) if rid not in self.undrafted]
-        bounds, at = [], 0
-        for t in tokens:
-            bounds.append((at, at + len(t)))
-            at += len(t)
-
-        def feed(idx: list[int]) -> None:
-            take = [r for i in idx for r in range(*bounds[i])]
-            h = hidden.index_select(0, torch.tensor([rows[r] for r in take], device=self.device)) \
-                if hidden is not None else None
-            self.drafter.append_context([ids[i] for i in idx], [tokens[i] for i in idx], [starts[i] for i in idx], h)
-
-        if not keep:
-            return
-        try:
-            feed(keep)
-            return
-        except Exception:
-            self._fault("append_context")
-        for i in keep:
-            try:
-                feed([i])
-            except Exception:
-                self.undrafted.add(ids[i])
 
 
 def _faulty_rows(out, greedy: list[bool]) -> set[int]:

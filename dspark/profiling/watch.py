@@ -28,8 +28,11 @@ class StepWatch:
     DRIFT_WINDOW = 128
     DRIFT_BOUND = 1.5
 
-    def __init__(self, table=None, window: int = 16, factor: float = 3.0, recheck: int = 256, quiet: bool = False):
+    def __init__(self, table=None, window: int = 16, factor: float = 3.0, recheck: int = 256, quiet: bool = False,
+                 rescale: bool = True):
         self.table = table
+        #: False when something else keeps the table true (dspark.schedule.live)
+        self.rescale = rescale
         self._best: dict[int, float] = {}  # without a table: fastest step per size bucket
         self.drift_ratios: list[float] = []
         self.refreshes = 0
@@ -92,7 +95,10 @@ class StepWatch:
                 self.ratios.append(seconds / predicted)
                 self.drift_ratios.append(seconds / predicted)
                 if len(self.drift_ratios) >= self.DRIFT_WINDOW:
-                    self._check_drift()
+                    if self.rescale:
+                        self._check_drift()
+                    else:
+                        self.drift_ratios.clear()
         else:
             bucket = max(0, n_tokens - 1).bit_length()
             best = self._best.get(bucket)

@@ -226,7 +226,8 @@ class DSparkAsync(VerifyLengthPolicy):
     draft. The `probe_every`-th step in a row that would be skipped drafts anyway,
     to refresh the survivals the decision rests on (0 never skips); while probes
     keep finding that drafting does not pay, the gap between them doubles, up to
-    8 x probe_every, and it is back to probe_every once drafting pays. Both decisions
+    8 x probe_every, and it is back to probe_every once drafting pays. A probe step
+    sets `probing`, and the engine drafts it for a few requests only. Both decisions
     use past steps only, so they are lossless like the budget.
     """
 
@@ -242,6 +243,9 @@ class DSparkAsync(VerifyLengthPolicy):
         self._probe_gap = probe_every
         self._skipped = 0
         self.skipped_steps = 0
+        #: whether the last `should_draft` said yes only to probe (the engine then drafts
+        #: for a few requests, not all: a probe measures survival, it need not pay)
+        self.probing = False
         self._rates_cache: tuple[tuple[int, int], tuple, np.ndarray] | None = None
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ScheduleError(
@@ -269,7 +273,7 @@ class DSparkAsync(VerifyLengthPolicy):
         """Expected tokens per second at every budget 0..R*G, drafter cost included,
         from the step `lag` back (which must exist). `should_draft` and `budget` of one
         step ask for the same rates; they are computed once."""
-        key, lagged = (num_requests, num_drafted), self._history[0]
+        key, lagged = (num_requests, num_drafted, self.table.version), self._history[0]
         if self._rates_cache is not None and self._rates_cache[0] == key and self._rates_cache[1] is lagged:
             return self._rates_cache[2]
         cum_gain, lagged_requests = self._history[0]  # [R'*G'+1], R'
@@ -289,6 +293,7 @@ class DSparkAsync(VerifyLengthPolicy):
         return int(self._rates(num_requests, num_drafted).argmax())  # first maximum: the cheapest
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
+        self.probing = False
         if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or len(self._history) < self.lag:
             return True
         plain = num_requests / self.table.target_time(num_requests)
@@ -300,6 +305,7 @@ class DSparkAsync(VerifyLengthPolicy):
         if self._skipped >= self._probe_gap:
             self._skipped = 0
             self._probe_gap = min(2 * self._probe_gap, 8 * self.probe_every)
+            self.probing = True
             return True
         self.skipped_steps += 1
         return False
@@ -334,7 +340,7 @@ def free_lengths(survival: SurvivalLike, table: StepTimeTable) -> list[int]:
         return [0] * num_requests
     rows, gains = _admission_order(s)
     expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
-    times = np.array([table.target_time(num_requests + b) for b in range(gains.size + 1)])
+    times = table.target_times(num_requests + np.arange(gains.size + 1))
     return _lengths(rows, int((expected / times).argmax()), num_requests)
 
 

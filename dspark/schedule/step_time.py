@@ -148,6 +148,8 @@ class StepTimeTable:
         _check_curve("target step-time table", self.token_counts, self.raw_ms, self.step_ms)
         self._counts = np.asarray(self.token_counts, dtype=np.float64)
         self._ms = np.asarray(self.step_ms, dtype=np.float64)
+        #: bumped whenever the times the scheduler reads change (scale, live updates)
+        self.version = 0
 
     @property
     def max_token_count(self) -> int:
@@ -179,6 +181,25 @@ class StepTimeTable:
         self._ms = self._ms * factor
         if self.drafter is not None:
             self.drafter.scale(factor)
+        self.version += 1
+
+    def set_live_ms(self, target_ms, drafter_ms=None) -> None:
+        """Replace the times the scheduler reads (at the same counts) with a live
+        estimate (`dspark.schedule.live`); `raw_ms` and `step_ms` keep the profile."""
+        target_ms = np.asarray(target_ms, dtype=np.float64)
+        if target_ms.shape != self._counts.shape:
+            raise ScheduleError("live step times need one value per profiled token count")
+        self._ms = target_ms
+        if drafter_ms is not None and self.drafter is not None:
+            drafter_ms = np.asarray(drafter_ms, dtype=np.float64)
+            if drafter_ms.shape != self.drafter._counts.shape:
+                raise ScheduleError("live drafter times need one value per profiled request count")
+            self.drafter._ms = drafter_ms
+        self.version += 1
+
+    def target_times(self, n_tokens: np.ndarray) -> np.ndarray:
+        """`target_time` for many (positive) token counts at once."""
+        return _interp_ms(np.asarray(n_tokens, dtype=np.float64), self._counts, self._ms) / 1000.0
 
     def step_times(self, n_tokens: np.ndarray, n_requests: int) -> np.ndarray:
         """`step_time` for many token counts at once (the scheduler's inner loop).

@@ -108,7 +108,18 @@ class ServingMetrics:
         self.table_refreshes = Counter(p + "step_time_table_refreshes_total",
                                        "Step-time table rescaled while serving: the median step over 128 steps "
                                        "was off by more than 1.5x with the CPU otherwise idle.", const_labels=c)
-        self._engine_seen = {"errors": 0, "lookup": 0, "lookup_only": 0, "slow": 0, "refreshes": 0, "skips": 0}
+        self.fallback_steps = Counter(p + "spec_decode_plain_fallback_steps_total",
+                                      "Decode steps run as plain decoding because speculation measured slower "
+                                      "than plain decoding at that load (the plain-decoding fallback).",
+                                      const_labels=c)
+        self.speculating = Gauge(p + "spec_decode_speculating",
+                                 "Whether the plain-decoding fallback lets a load level speculate now (1) or "
+                                 "not (0), by running requests (\"lo-hi\").", ("requests",), c)
+        self.live_ratio = Gauge(p + "step_time_live_ratio",
+                                "The live step-time curve over the profiled one, by token count (the counts "
+                                "the engine has run recently).", ("tokens",), c)
+        self._engine_seen = {"errors": 0, "lookup": 0, "lookup_only": 0, "slow": 0, "refreshes": 0, "skips": 0,
+                             "fallback": 0}
         self._ece_at = float("-inf")
         #: position -> (predicted, observed, trials), refreshed with the gauges
         self.calibration_positions: dict[int, tuple[float, float, int]] = {}
@@ -119,7 +130,7 @@ class ServingMetrics:
                           self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                           self.kv_slots_used, self.drafter_requests,
                           self.drafter_errors, self.request_skips, self.threads, self.slow_windows,
-                          self.table_refreshes]
+                          self.table_refreshes, self.fallback_steps, self.speculating, self.live_ratio]
         self._hybrid_families = [self.lookup_tokens, self.lookup_only, self.lookup_ece]
         self._calibration_families = [self.calibration_ece, self.predicted_acceptance, self.observed_acceptance]
         self.calibration_ece.set(float("nan"))
@@ -189,6 +200,20 @@ class ServingMetrics:
         drafter = runner.drafter
         now = time.monotonic()
         refresh = now - self._ece_at >= 1.0  # windowed figures: about once a second
+        governor = getattr(engine, "governor", None)
+        if governor is not None:
+            n = governor.steps("plain")
+            self.fallback_steps.inc(n - seen["fallback"])
+            seen["fallback"] = n
+            if refresh:
+                for level, st in governor.summary().items():
+                    self.speculating.set(1.0 if st["mode"] == "speculative" else 0.0, requests=level)
+        live = getattr(engine, "live_table", None)
+        if live is not None and refresh:
+            ratio, fresh = live.target.ratio(), live.target.fresh()
+            for count, r, f in zip(live.table.token_counts, ratio, fresh):
+                if f:
+                    self.live_ratio.set(float(r), tokens=str(count))
         if refresh and runner.calibration.observed:
             self.calibration_ece.set(runner.calibration.ece())
             # kept for the dashboard, which must not walk the window itself

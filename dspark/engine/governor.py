@@ -1,0 +1,148 @@
+"""Speculation or plain decoding, decided by measured throughput.
+
+The scheduler prices every drafted token with calibrated survivals and a step-time
+curve, but some costs sit outside its model (drafting and lookup bookkeeping, the
+hidden states kept for the drafter, probes, a calibration that runs ahead of a new
+workload), and at high load a decode step is compute-bound, so that a verified token
+pays only when it is accepted more often than not. Where speculation cannot win,
+these leftovers make it lose a few percent to plain decoding. The governor turns
+speculation off for such stretches, by measurement rather than by model:
+
+* a run of pure decode steps (no prompt chunks) is scored by its efficiency: the
+  tokens it emitted, each counted as T(R) / R seconds (what a plain step of the same
+  R requests takes per token, by the live step-time table), over the seconds the
+  steps took; plain decoding scores about 1, speculation its speedup;
+* the engine starts speculating for `min_gap` steps, then alternates between the
+  two modes in runs: a trial of the mode not in use (`trial` steps of plain decoding,
+  three times that of speculation, whose output varies more), then `gap` steps of
+  whichever scored higher in the latest runs of each. The gap doubles (up to `max_gap`) each time the same mode wins again
+  and falls back to `min_gap` when the other one does, so a settled workload spends
+  about trial / max_gap of its steps on the losing mode.
+
+Plain mode drafts nothing and verifies nothing (the rows are plain decoding, exact
+by construction); the accepted tokens' hidden states are still kept for the drafter,
+which catches up when speculation resumes. Decisions use past steps only, so they
+are lossless like the scheduler's own.
+"""
+
+from __future__ import annotations
+
+SPEC, PLAIN = "speculative", "plain"
+
+
+class SpecGovernor:
+    """One governor per load level: whether speculation pays depends on how many
+    requests share a step (at one request verification is nearly free, at sixteen a
+    step is compute-bound), so each power-of-two bucket of the running request count
+    (1, 2-3, 4-7, 8-15, ...) keeps its own modes, scores and gaps."""
+
+    def __init__(self, trial: int = 32, min_gap: int = 128, max_gap: int = 4096, warmup: int = 4) -> None:
+        if trial < 1 or not 1 <= min_gap <= max_gap or warmup < 0:
+            raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap and warmup >= 0")
+        self._settings = (trial, min_gap, max_gap, warmup)
+        self.levels: dict[int, LoadLevel] = {}
+
+    @staticmethod
+    def bucket(num_requests: int) -> int:
+        return max(1, num_requests).bit_length() - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
+
+    def level(self, num_requests: int) -> "LoadLevel":
+        b = self.bucket(num_requests)
+        if b not in self.levels:
+            self.levels[b] = LoadLevel(*self._settings)
+        return self.levels[b]
+
+    def speculating(self, num_requests: int) -> bool:
+        """Whether a step of `num_requests` decodes should speculate."""
+        return self.level(num_requests).speculating
+
+    def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float) -> None:
+        if num_requests > 0:
+            self.level(num_requests).record(num_requests, emitted, seconds, plain_seconds)
+
+    @property
+    def switches(self) -> int:
+        return sum(lv.switches for lv in self.levels.values())
+
+    def steps(self, mode: str) -> int:
+        return sum(lv.steps[mode] for lv in self.levels.values())
+
+    def summary(self) -> dict:
+        """Per load level (requests "lo-hi"): its mode, scores, steps per mode, switches."""
+        return {f"{2**b}-{2**(b + 1) - 1}": lv.summary() for b, lv in sorted(self.levels.items())}
+
+
+class LoadLevel:
+    """The alternation of one load level (see the module docstring)."""
+
+    def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int) -> None:
+        self.trial = trial
+        self.min_gap = min_gap
+        self.max_gap = max_gap
+        self.warmup = warmup  # steps of each run not scored (the drafter catching up)
+        # speculation first, for a whole gap: the drafter's first steps (calibration,
+        # scheduler history) are not what it does once settled
+        self.mode = SPEC
+        self.gap = min_gap
+        self._left = min_gap + warmup  # steps left in the current run
+        self._trial = False  # the current run is a trial (scored to decide)
+        self._run = [0.0, 0.0]  # this run's scored output (in plain-step units) and seconds
+        #: the latest run's mean efficiency of each mode (None: not measured yet)
+        self.score: dict[str, float | None] = {SPEC: None, PLAIN: None}
+        #: steps run in each mode, and the number of switches
+        self.steps = {SPEC: 0, PLAIN: 0}
+        self.switches = 0
+        self._last_best: str | None = None
+
+    @property
+    def speculating(self) -> bool:
+        return self.mode == SPEC
+
+    def _trial_length(self) -> int:
+        # speculation's output varies far more from step to step (lookup hits come in
+        # bursts) than plain decoding's one token per request: it gets a longer trial
+        return 3 * self.trial if self.mode == SPEC else self.trial
+
+    def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float) -> None:
+        """One pure decode step of the current mode: `emitted` tokens for `num_requests`
+        requests in `seconds`; `plain_seconds` the table's time of a plain step for them."""
+        if num_requests <= 0 or seconds <= 0 or plain_seconds <= 0:
+            return
+        self.steps[self.mode] += 1
+        self._left -= 1
+        if self._left < (self._trial_length() if self._trial else self.gap):  # past the warm-up
+            # tokens in units of a plain step's output, and the time they took
+            self._run[0] += emitted * plain_seconds / num_requests
+            self._run[1] += seconds
+        if self._left > 0:
+            return
+        if self._run[1] > 0:
+            self.score[self.mode] = self._run[0] / self._run[1]
+        self._run = [0.0, 0.0]
+        self._next_run()
+
+    def _next_run(self) -> None:
+        other = PLAIN if self.mode == SPEC else SPEC
+        if self.score[other] is None:  # measure the other mode once first
+            self._switch(other, trial=True)
+            return
+        best = SPEC if self.score[SPEC] >= self.score[PLAIN] else PLAIN
+        if self._trial:
+            # a trial ended: run the winner for a gap (longer if it won before too)
+            self.gap = min(2 * self.gap, self.max_gap) if best == self._last_best else self.min_gap
+            self._last_best = best
+            self._switch(best, trial=False)
+        else:
+            # a gap ended: give the other mode a trial
+            self._switch(other, trial=True)
+
+    def _switch(self, mode: str, trial: bool) -> None:
+        if mode != self.mode:
+            self.switches += 1
+        self.mode = mode
+        self._trial = trial
+        self._left = (self._trial_length() if trial else self.gap) + self.warmup
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "score": dict(self.score), "steps": dict(self.steps), "switches": self.switches,
+                "gap": self.gap}

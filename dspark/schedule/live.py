@@ -1,0 +1,141 @@
+"""The step-time table kept true while serving.
+
+A profile is measured once, before serving, with one shape per token count (requests
+of `tokens_per_request` tokens each) on a machine whose speed drifts. The engine's
+steps have other shapes (sixteen requests of one or two tokens each cost more than two
+requests of eight: more attention over more contexts), other context lengths, and run
+later. Every decision of the scheduler is a ratio of expected tokens to these times:
+a curve that is too flat between 16 and 32 tokens makes it verify tokens at sixteen
+requests that cost more than they return, and speculation falls below plain decoding.
+
+So every decode step's measured target forward time (and, when it drafted, its
+drafting time) corrects the profiled curve where the engine actually runs:
+
+* per measured count of the curve, the log of measured / profiled time, averaged over
+  the steps near that count (a step between two counts is shared between them by
+  linear weights): a running mean over the first `window` steps, an exponential
+  average over about `window` steps after that;
+* between and beyond the counts seen recently the log-ratio is interpolated (flat
+  outside), so a count the engine has not run keeps the profile's shape relative to
+  its observed neighbours;
+* the live curve is the profile times that ratio, made non-decreasing (a running
+  maximum, as the profile itself is); a count not observed in the last `max_age`
+  steps is forgotten (the machine has changed since), and a single step more than
+  `clip` times off the current estimate counts as `clip` times (a stall moves the
+  curve little; a profile off by more than that is still learned, step by step).
+
+Only the scheduler's view changes: the table's JSON (`raw_ms`, `step_ms`) stays as
+profiled, and `version` counts the updates so that cached rates are recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .step_time import StepTimeTable
+
+
+class LiveCurve:
+    """A profiled curve (times at ascending counts) corrected by observations."""
+
+    def __init__(self, counts, base_ms, window: int = 16, max_age: int = 4096, clip: float = 4.0) -> None:
+        self.counts = np.asarray(counts, dtype=np.float64)
+        self.base_ms = np.asarray(base_ms, dtype=np.float64)
+        if self.counts.shape != self.base_ms.shape or self.counts.size == 0:
+            raise ValueError("a live curve needs one profiled time per count")
+        self.window = window
+        self.max_age = max_age
+        self.clip = math.log(clip)
+        self.log_ratio = np.zeros(self.counts.size)  # [C]
+        self.weight = np.zeros(self.counts.size)  # observations per count (fractional)
+        self.last_seen = np.full(self.counts.size, -(10**9))
+        self.steps = 0
+
+    def _neighbours(self, x: float) -> list[tuple[int, float]]:
+        c = self.counts
+        if x <= c[0]:
+            return [(0, 1.0)]
+        if x >= c[-1]:
+            return [(c.size - 1, 1.0)]
+        i = int(np.searchsorted(c, x))  # c[i-1] < x <= c[i]
+        w = (x - c[i - 1]) / (c[i] - c[i - 1])
+        return [(i - 1, 1.0 - w), (i, w)] if w < 1.0 else [(i, 1.0)]
+
+    def predicted_base(self, x: float) -> float:
+        return float(np.interp(x, self.counts, self.base_ms))
+
+    def observe(self, x: float, ms: float) -> None:
+        """One measured time `ms` at count `x`."""
+        if not (x > 0 and ms > 0 and math.isfinite(ms)):
+            return
+        # the step's log-ratio, limited to `clip` times the current estimate at x (so a
+        # stall moves the curve little, and a profile off by more still gets learned)
+        current = float(np.interp(x, self.counts, np.log(self.ratio())))
+        residual = math.log(ms / self.predicted_base(x)) - current
+        r = current + min(max(residual, -self.clip), self.clip)
+        for j, w in self._neighbours(float(x)):
+            if w <= 0:
+                continue
+            self.weight[j] += w
+            a = max(w / self.weight[j], w / self.window)
+            self.log_ratio[j] += a * (r - self.log_ratio[j])
+            self.last_seen[j] = self.steps
+        self.steps += 1
+
+    def fresh(self) -> np.ndarray:
+        """Counts observed recently (at least half a step's weight, within `max_age`)."""
+        return (self.weight >= 0.5) & (self.steps - self.last_seen <= self.max_age)
+
+    def ratio(self) -> np.ndarray:
+        """measured / profiled at every count (1 where nothing was observed)."""
+        fresh = self.fresh()
+        if not fresh.any():
+            return np.ones(self.counts.size)
+        return np.exp(np.interp(self.counts, self.counts[fresh], self.log_ratio[fresh]))
+
+    def ms(self) -> np.ndarray:
+        """The live curve: profiled times times the ratio, non-decreasing."""
+        return np.maximum.accumulate(self.base_ms * self.ratio())
+
+
+class LiveStepTime:
+    """Keeps a StepTimeTable's target (and drafter) curve true to the engine's own steps.
+
+    `record` takes one decode step: the tokens of its target forward and how long that
+    forward took, and the requests drafted for and how long drafting took (0 when the
+    step did not draft). Steps that also prefilled prompt chunks are not recorded by
+    the engine (a prompt's tokens cost more than a verification's)."""
+
+    def __init__(self, table: StepTimeTable, window: int = 16, max_age: int = 4096) -> None:
+        self.table = table
+        self.target = LiveCurve(table.token_counts, table.step_ms, window, max_age)
+        d = table.drafter
+        self.drafter = None if d is None else LiveCurve(d.request_counts, d.step_ms, window, max_age)
+        self.steps = 0
+
+    def record(self, n_tokens: int, target_seconds: float, drafted_requests: int = 0,
+               draft_seconds: float = 0.0) -> None:
+        if n_tokens <= 0 or target_seconds <= 0:
+            return
+        self.target.observe(n_tokens, target_seconds * 1000.0)
+        ms = self.target.ms()
+        drafter_ms = None
+        if self.drafter is not None and drafted_requests > 0 and draft_seconds > 0:
+            self.drafter.observe(drafted_requests, draft_seconds * 1000.0)
+            drafter_ms = self.drafter.ms()
+        self.table.set_live_ms(ms, drafter_ms)
+        self.steps += 1
+
+    def summary(self) -> dict:
+        """The live curve against the profile, for metrics and the live view."""
+        out = {"steps": self.steps, "token_counts": self.table.token_counts,
+               "profiled_ms": [round(float(x), 3) for x in self.target.base_ms],
+               "live_ms": [round(float(x), 3) for x in self.target.ms()],
+               "observed": self.target.fresh().tolist()}
+        if self.drafter is not None:
+            out["drafter"] = {"request_counts": [int(c) for c in self.drafter.counts],
+                              "profiled_ms": [round(float(x), 3) for x in self.drafter.base_ms],
+                              "live_ms": [round(float(x), 3) for x in self.drafter.ms()]}
+        return out

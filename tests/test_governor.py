@@ -1,0 +1,96 @@
+"""The plain-decoding fallback (dspark.engine.governor): speculation runs where it
+measures faster than plain decoding and is turned off where it measures slower, at
+a small exploration cost; the engine stays exact while it switches."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark.engine.governor import PLAIN, SPEC, LoadLevel, SpecGovernor
+
+
+def _run(gov: LoadLevel, steps: int, spec_eff, plain_eff: float = 1.0, requests: int = 16) -> list[str]:
+    """Feed `steps` steps whose efficiency (vs the plain reference) is `spec_eff` (a
+    number or a function of the step index) in speculative mode and `plain_eff` in
+    plain mode; returns the mode of every step."""
+    modes = []
+    plain_seconds = 0.050
+    for i in range(steps):
+        modes.append(gov.mode)
+        eff = (spec_eff(i) if callable(spec_eff) else spec_eff) if gov.speculating else plain_eff
+        seconds = 0.050 / eff  # one token per request, at this efficiency
+        gov.record(requests, requests, seconds, plain_seconds)
+    return modes
+
+
+def test_speculation_that_loses_is_turned_off_and_rarely_retried():
+    gov = LoadLevel(8, 16, 256, 2)
+    modes = _run(gov, 4000, spec_eff=0.9)
+    assert gov.score[SPEC] == pytest.approx(0.9) and gov.score[PLAIN] == pytest.approx(1.0)
+    late = modes[1000:]
+    assert late.count(SPEC) / len(late) < 0.12  # trials of (3 x 8 + 2) steps every 256
+    assert gov.gap == 256
+
+
+def test_speculation_that_wins_keeps_running():
+    gov = LoadLevel(8, 16, 256, 2)
+    modes = _run(gov, 4000, spec_eff=1.3)
+    late = modes[1000:]
+    assert late.count(PLAIN) / len(late) < 0.06
+    assert gov.speculating
+
+
+def test_a_change_of_workload_is_followed_both_ways():
+    gov = LoadLevel(8, 16, 128, 2)
+    modes = _run(gov, 6000, spec_eff=lambda i: 1.4 if i < 2000 or i >= 4000 else 0.7)
+    for lo, hi, want in ((1000, 2000, SPEC), (3000, 4000, PLAIN), (5000, 6000, SPEC)):
+        part = modes[lo:hi]
+        assert part.count(want) / len(part) > 0.75, (lo, want)
+
+
+def test_bad_settings_and_degenerate_steps():
+    with pytest.raises(ValueError):
+        SpecGovernor(trial=0)
+    with pytest.raises(ValueError):
+        SpecGovernor(min_gap=10, max_gap=5)
+    gov = SpecGovernor()
+    gov.record(0, 0, 0.01, 0.01)  # no requests: ignored
+    gov.record(4, 4, 0.0, 0.01)  # no time: ignored
+    assert gov.steps(SPEC) == gov.steps(PLAIN) == 0
+
+
+def test_each_load_level_decides_for_itself():
+    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)
+    for _ in range(600):
+        for r, eff in ((1, 1.4), (16, 0.8)):  # speculation pays alone, loses at 16
+            lv = gov.level(r)
+            seconds = 0.05 / (eff if gov.speculating(r) else 1.0)
+            gov.record(r, r, seconds, 0.05)
+    assert gov.speculating(1) and not gov.speculating(16)
+    assert gov.bucket(1) == 0 and gov.bucket(3) == 1 and gov.bucket(16) == gov.bucket(31) == 4
+    assert set(gov.summary()) == {"1-1", "16-31"} and gov.summary()["16-31"]["mode"] == PLAIN
+    assert lv is gov.level(20)
+
+
+@pytest.mark.slow
+def test_the_engine_is_exact_while_the_governor_switches(greedy_case):  # noqa: F811
+    from dspark.engine.config import SpeculativeConfig
+    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.sampling import SamplingParams
+    from dspark.schedule.step_time import StepTimeTable
+
+    target, prompts, refs = greedy_case
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                             lookup=True)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=8, max_model_len=512), step_table=table)
+    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)  # switch often
+    seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:8]):
+        assert seq.output_ids == ref
+    gov = engine.governor
+    assert gov.switches >= 3 and gov.steps(SPEC) > 0 and gov.steps(PLAIN) > 0
+    assert engine.total_stats().accepted_tokens > 0  # speculation did run in its stretches
+
+
+from test_speculative import greedy_case, tiny_target  # noqa: E402,F401  (fixtures)

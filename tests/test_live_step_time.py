@@ -1,0 +1,159 @@
+"""The step-time table corrected by measured steps (dspark.schedule.live): the curve
+learned where the engine runs, the profile's shape kept where it does not, and the
+scheduler's decisions following the corrected costs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark.schedule.live import LiveCurve, LiveStepTime
+from dspark.schedule.policies import DSparkAsync, free_lengths
+from dspark.schedule.step_time import DrafterTimeTable, StepTimeTable
+
+
+def _flat_table(drafter_ms: float | None = None) -> StepTimeTable:
+    """A profile that is too flat past 16 tokens (16 -> 32 tokens: +10 %)."""
+    counts = [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    ms = [20.0, 21.0, 24.0, 32.0, 50.0, 52.0, 55.0, 80.0, 110.0]
+    drafter = None if drafter_ms is None else DrafterTimeTable("dspark", [1, 4, 16], [drafter_ms] * 3)
+    return StepTimeTable(token_counts=counts, raw_ms=ms, drafter=drafter)
+
+
+def _real_ms(n: float) -> float:
+    """The machine: 50 ms at 16 tokens and 3 ms per token beyond."""
+    return 50.0 + 3.0 * max(0.0, n - 16) if n >= 16 else 20.0 + 1.875 * (n - 1)
+
+
+def test_an_observed_count_takes_the_measured_time_and_its_neighbours_the_profile_shape():
+    curve = LiveCurve([1, 16, 32, 64], [20.0, 50.0, 55.0, 110.0])
+    assert curve.ms().tolist() == [20.0, 50.0, 55.0, 110.0]  # nothing seen: the profile
+    for _ in range(40):
+        curve.observe(16, 75.0)  # 1.5x the profile at 16
+    ratio = curve.ratio()
+    assert ratio[1] == pytest.approx(1.5, rel=1e-6)
+    # only 16 was observed: every count keeps the profile's shape scaled by that ratio
+    assert curve.ms().tolist() == pytest.approx([30.0, 75.0, 82.5, 165.0])
+    for _ in range(40):
+        curve.observe(32, 110.0)  # 2x the profile at 32
+    ms = curve.ms()
+    assert ms[2] == pytest.approx(110.0, rel=1e-6)
+    assert ms[3] == pytest.approx(220.0, rel=1e-6)  # beyond the last observed: its ratio
+    assert ms[0] == pytest.approx(30.0, rel=1e-6)  # below the first observed: its ratio
+
+
+def test_a_step_between_two_counts_is_shared_and_the_curve_stays_non_decreasing():
+    curve = LiveCurve([10, 20], [100.0, 100.0])
+    for _ in range(100):
+        curve.observe(12.5, 50.0)  # weights 0.75 / 0.25, both pulled toward 0.5x
+    assert curve.weight.tolist() == pytest.approx([75.0, 25.0])
+    assert curve.ratio()[0] == pytest.approx(0.5, rel=1e-3)
+    assert curve.ratio()[1] == pytest.approx(0.5, rel=1e-3)
+    for _ in range(100):
+        curve.observe(10, 200.0)  # the low count now costs more than the high one
+    ms = curve.ms()
+    assert ms[0] == pytest.approx(200.0, rel=1e-2)
+    assert ms[1] >= ms[0]  # a running maximum, as the profile is
+
+
+def test_single_stalls_are_clipped_and_old_observations_forgotten():
+    curve = LiveCurve([1, 8], [10.0, 20.0], window=4, max_age=10, clip=4.0)
+    curve.observe(1, 10_000.0)  # a 1000x stall counts as 4x
+    assert curve.ratio()[0] == pytest.approx(4.0)
+    curve.observe(1, 10.0)  # back to normal: 4x below the estimate, averaged with it
+    assert curve.ratio()[0] == pytest.approx(2.0)
+    far = LiveCurve([1, 8], [1.0, 2.0], window=4, clip=4.0)
+    for _ in range(40):  # a profile 100x off is learned all the same, 4x per step at most
+        far.observe(8, 200.0)
+    assert far.ratio()[1] == pytest.approx(100.0, rel=1e-3)
+    for _ in range(20):
+        curve.observe(8, 20.0)
+    # count 1 was last seen 20 observations ago (> max_age): forgotten, it follows count 8
+    assert not curve.fresh()[0]
+    assert curve.ratio()[0] == pytest.approx(1.0)
+
+
+def test_the_exponential_average_follows_a_change_within_a_few_windows():
+    curve = LiveCurve([1, 8], [10.0, 20.0], window=8)
+    for _ in range(200):
+        curve.observe(8, 20.0)
+    for _ in range(40):
+        curve.observe(8, 40.0)  # the machine halves its speed
+    assert curve.ratio()[1] == pytest.approx(2.0, rel=0.02)
+
+
+def test_the_scheduler_stops_buying_tokens_the_measured_curve_says_do_not_pay():
+    # 16 requests whose drafts survive at 0.3 per token: by the flat profile 16 more
+    # tokens cost 10 % for 30 % more output, so the budget is 16 tokens or more; the
+    # machine charges 3 ms a token (16 more tokens: +96 %), so by the corrected curve
+    # verifying nothing is best.
+    table = _flat_table()
+    survival = np.cumprod(np.full((16, 4), 0.3), axis=1)
+    policy = DSparkAsync(table, lag=1)
+    policy.choose(survival)  # the lagged history
+    assert policy.budget(16, 4) >= 16
+    assert sum(free_lengths(survival, table)) >= 16
+    live = LiveStepTime(table)
+    for n in (16, 32, 16, 32, 24, 16, 32, 48):
+        for _ in range(8):
+            live.record(n, _real_ms(n) / 1000.0)
+    assert table.version > 0
+    assert table.target_time(32) * 1000 == pytest.approx(_real_ms(32), rel=0.02)
+    assert table.target_time(16) * 1000 == pytest.approx(_real_ms(16), rel=0.02)
+    policy.choose(survival)
+    assert policy.budget(16, 4) == 0
+    assert sum(free_lengths(survival, table)) == 0
+    # the profile as measured is kept for the record
+    assert table.step_ms[table.token_counts.index(32)] == 55.0
+
+
+def test_drafting_time_is_learned_per_request_count_and_decides_skipping():
+    # 4 requests, drafts surviving at 0.8 per token. The profile says drafting takes
+    # 10 ms: verifying all 16 drafted tokens gives 13.45 tokens in 60 ms, more than
+    # plain decoding's 4 in 24 ms. Drafting really takes 36 ms: 13.45 in 86 ms is less.
+    table = _flat_table(drafter_ms=10.0)
+    survival = np.cumprod(np.full((4, 4), 0.8), axis=1)
+    policy = DSparkAsync(table, lag=1, probe_every=8)
+    policy.choose(survival)
+    assert policy.should_draft(4, 4)
+    live = LiveStepTime(table)
+    for _ in range(64):
+        live.record(8, _real_ms(8) / 1000.0, drafted_requests=4, draft_seconds=0.036)
+    assert table.drafter_time(4) * 1000 == pytest.approx(36.0, rel=0.01)
+    assert table.drafter_time(16) * 1000 == pytest.approx(36.0, rel=0.01)  # the profile's shape
+    assert not policy.should_draft(4, 4)
+    summary = live.summary()
+    assert summary["steps"] == 64 and summary["drafter"]["live_ms"][1] == pytest.approx(36.0, rel=0.01)
+    assert summary["observed"][table.token_counts.index(8)]
+
+
+def test_the_engine_feeds_the_live_table_and_stays_exact(greedy_case):  # noqa: F811
+    from dspark.engine.config import SpeculativeConfig
+    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.sampling import SamplingParams
+
+    target, prompts, refs = greedy_case
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                             lookup=True)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=8, max_model_len=512), step_table=table)
+    assert engine.live_table is not None
+    seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:8]):
+        assert seq.output_ids == ref
+    live = engine.live_table
+    assert live.steps > 10 and table.version >= live.steps
+    # what the engine measured is what the table now says, where the engine ran
+    seen = engine.runner.last_forward_tokens
+    assert table.target_time(seen) != pytest.approx(0.030)
+    assert live.target.fresh()[int(np.searchsorted(live.target.counts, seen))]
+    # the watch compares against the profile as it was, not the live curve
+    assert engine.step_watch.table is not table and engine.step_watch.table.target_time(8) == pytest.approx(0.030)
+    off = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                            lookup=True, live_step_time=False)
+    engine = LLMEngine(target, off, EngineConfig(max_num_seqs=8, max_model_len=512),
+                       step_table=StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512))
+    assert engine.live_table is None
+
+
+from test_speculative import greedy_case, tiny_target  # noqa: E402,F401  (fixtures)
