@@ -53,6 +53,14 @@ if [ "${LLAMA_CPP_SKIP_BUILD:-0}" = 1 ]; then
     exit 0
 fi
 cd "$DEST"
-cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
-cmake --build build --target llama-server -j2
+# The CPU's own instruction sets, named one by one rather than -march=native: a virtual
+# machine may report AMX in cpuid without the kernel granting the tile state, and
+# ggml's AMX kernels then die with SIGILL on their first quantized matmul.
+flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+cmake -B build -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+    -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
+    -DGGML_BMI2="$(has bmi2)" -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_BF16="$(has avx512_bf16)" \
+    -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_VBMI="$(has avx512vbmi)"
+cmake --build build --target llama-server -j"${LLAMA_CPP_JOBS:-2}"
 echo "built $DEST/build/bin/llama-server"
