@@ -43,9 +43,9 @@ CONFIGS = {
     # the default with the scheduler's table as profiled at start-up (not corrected by measured steps)
     "hybrid-profiled": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                         "live_step_time": False},
-    # the default without the plain-decoding fallback
-    "hybrid-always": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
-                      "plain_fallback": False},
+    # the default with the plain-decoding fallback (off by default)
+    "hybrid-fallback": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
+                        "plain_fallback": True},
 }
 PROMPTS = [
     "Explain in a few sentences why the ocean is salty.",

@@ -21,11 +21,12 @@ def sh(cmd: list[str], log: Path) -> None:
         sys.exit(f"failed ({rc}): {' '.join(cmd)}; see {log}")
 
 
-def export_drafter(method: str, fmt: str, out: Path, log: Path, drafter: Path | None = None) -> Path:
+def export_drafter(method: str, fmt: str, out: Path, log: Path, drafter: Path | None = None,
+                   model: str = "default") -> Path:
     """`dspark export` of the shipped drafter `method` (or the drafter directory
-    `drafter`) in format `fmt` (fp32)."""
+    `drafter`, trained for the target `model`) in format `fmt` (fp32)."""
     sh([sys.executable, "-m", "dspark.cli.main", "export", str(drafter or SHIPPED / method), "--to", fmt, str(out),
-        "--dtype", "fp32"], log)
+        "--dtype", "fp32", "--model", model], log)
     return out
 
 

@@ -104,15 +104,22 @@ def main() -> None:
     plain_tokens = [r.get("tokens") for r in plain]
     rows = []
     for method in args.methods.split(","):
-        export = export_drafter(method, "llama.cpp", work / f"export-{method}", work / f"export-{method}.log", drafter)
+        export = export_drafter(method, "llama.cpp", work / f"export-{method}", work / f"export-{method}.log", drafter,
+                                args.target)
         draft_gguf = work / f"draft-{method}.gguf"
         sh([sys.executable, str(llama / "convert_hf_to_gguf.py"), str(export), "--target-model-dir", str(tdir),
             "--outtype", "bf16", "--outfile", str(draft_gguf)], work / f"convert-{method}.log")
         spec = ["-md", str(draft_gguf), "--spec-type", SPEC_TYPES[method], "--spec-draft-n-max", str(args.block),
                 "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
         t0 = time.perf_counter()
-        with serve(llama, common + spec, args.port, work / f"server-{method}.log") as srv:
-            got = complete(srv.url, prompts, args.max_tokens)
+        try:
+            with serve(llama, common + spec, args.port, work / f"server-{method}.log") as srv:
+                got = complete(srv.url, prompts, args.max_tokens)
+        except (httpx.HTTPError, RuntimeError, OSError) as e:  # a server that fails to start or dies
+            rows.append({"method": method, "error": f"llama-server failed ({type(e).__name__}): see "
+                                                    f"{work / f'server-{method}.log'}"})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         wall = time.perf_counter() - t0
         drafted = sum(r.get("timings", {}).get("draft_n", 0) for r in got)
         accepted = sum(r.get("timings", {}).get("draft_n_accepted", 0) for r in got)

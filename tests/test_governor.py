@@ -74,16 +74,11 @@ def test_each_load_level_decides_for_itself():
 
 @pytest.mark.slow
 def test_the_engine_is_exact_while_the_governor_switches(greedy_case):  # noqa: F811
-    from dspark.engine.config import SpeculativeConfig
-    from dspark.engine.engine import EngineConfig, LLMEngine
     from dspark.sampling import SamplingParams
-    from dspark.schedule.step_time import StepTimeTable
+    from test_live_step_time import adaptive_hybrid_engine
 
     target, prompts, refs = greedy_case
-    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
-    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                             lookup=True)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=8, max_model_len=512), step_table=table)
+    engine, _ = adaptive_hybrid_engine(target)
     engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)  # switch often
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):

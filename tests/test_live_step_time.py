@@ -127,16 +127,23 @@ def test_drafting_time_is_learned_per_request_count_and_decides_skipping():
     assert summary["observed"][table.token_counts.index(8)]
 
 
-def test_the_engine_feeds_the_live_table_and_stays_exact(greedy_case):  # noqa: F811
+def adaptive_hybrid_engine(target, **spec):
+    """The default configuration (hybrid drafting, dspark-async) on a test target, with
+    a synthetic step-time table, 8 requests at a time."""
     from dspark.engine.config import SpeculativeConfig
     from dspark.engine.engine import EngineConfig, LLMEngine
+
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
+    config = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                               lookup=True, **spec)
+    return LLMEngine(target, config, EngineConfig(max_num_seqs=8, max_model_len=512), step_table=table), table
+
+
+def test_the_engine_feeds_the_live_table_and_stays_exact(greedy_case):  # noqa: F811
     from dspark.sampling import SamplingParams
 
     target, prompts, refs = greedy_case
-    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
-    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                             lookup=True)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=8, max_model_len=512), step_table=table)
+    engine, table = adaptive_hybrid_engine(target)
     assert engine.live_table is not None
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
@@ -149,11 +156,10 @@ def test_the_engine_feeds_the_live_table_and_stays_exact(greedy_case):  # noqa: 
     assert live.target.fresh()[int(np.searchsorted(live.target.counts, seen))]
     # the watch compares against the profile as it was, not the live curve
     assert engine.step_watch.table is not table and engine.step_watch.table.target_time(8) == pytest.approx(0.030)
-    off = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                            lookup=True, live_step_time=False)
-    engine = LLMEngine(target, off, EngineConfig(max_num_seqs=8, max_model_len=512),
-                       step_table=StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512))
-    assert engine.live_table is None
+    engine, _ = adaptive_hybrid_engine(target, live_step_time=False)
+    assert engine.live_table is None and engine.governor is None
+    engine, _ = adaptive_hybrid_engine(target, plain_fallback=True)
+    assert engine.governor is not None
 
 
 from test_speculative import greedy_case, tiny_target  # noqa: E402,F401  (fixtures)

@@ -52,8 +52,9 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: what a missing --speculative-config means in every command: the DSpark drafter
 #: shipped for the target, with adaptive verification; a target without one runs
 #: without speculation (with a warning). 'none' turns speculation off.
-#: hybrid drafting (DSpark + prompt lookup) with adaptive verification: 1.24x plain decoding
-#: at one request, 0.87x at sixteen (BENCHMARKS.md, "Hybrid drafting with the continued drafter")
+#: hybrid drafting (DSpark + prompt lookup) with adaptive verification: 1.18x plain decoding
+#: at one request, 1.07x at four, 0.91-1.02x at sixteen (BENCHMARKS.md, "Speculation that
+#: pays at every load")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True}
 
 
@@ -76,8 +77,9 @@ class SpeculativeConfig:
     #: (dspark.schedule.live); false keeps the profile as measured at start-up
     live_step_time: bool = True
     #: turn speculation off for stretches where it measures slower than plain decoding
-    #: (dspark.engine.governor); adaptive verification on a CPU only
-    plain_fallback: bool = True
+    #: (dspark.engine.governor); adaptive verification on a CPU only. Off by default: in
+    #: a long run at 16 requests it chose plain decoding while speculation was faster
+    plain_fallback: bool = False
 
     def __post_init__(self) -> None:
         # the names are drafters' and schedule's (imported here: this module stays

@@ -19,6 +19,11 @@ speculation off for such stretches, by measurement rather than by model:
   and falls back to `min_gap` when the other one does, so a settled workload spends
   about trial / max_gap of its steps on the losing mode.
 
+Off by default (`"plain_fallback": true` turns it on): measured on the default model,
+it settled on plain decoding in a long run at 16 requests where speculation alone was
+faster (its trials see too few of the bursts in which lookup pays), and at one request
+its plain trials cost a few percent.
+
 Plain mode drafts nothing and verifies nothing (the rows are plain decoding, exact
 by construction); the accepted tokens' hidden states are still kept for the drafter,
 which catches up when speculation resumes. Decisions use past steps only, so they
