@@ -25,7 +25,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 def spec_engine(target, max_num_seqs: int = 8) -> LLMEngine:
     table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
-    spec = SpeculativeConfig(method="dspark", enable_adaptive_verification=True)
+    # the synthetic table as it is (not corrected by measured steps): the race must show drafts
+    spec = SpeculativeConfig(method="dspark", enable_adaptive_verification=True, live_step_time=False)
     return LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=512), step_table=table)
 
 
