@@ -161,6 +161,15 @@ class HybridDrafter(Drafter):
         mean = self.drafter_mean
         return mean is not None and len(conf) >= num_tokens and all(c >= m for c, m in zip(conf, mean[:num_tokens]))
 
+    def _propose(self, request_id: object, num_tokens: int,
+                 *parts: list[int]) -> tuple[LookupMatch, list[float], list[float]]:
+        """Lookup's proposal over the concatenation of `parts` (the request's emitted
+        tokens, anchor last): (match, confidences as this request earns them, the
+        table's confidences)."""
+        m = LookupMatch(*self.history.suffix_index(request_id, *parts).most_frequent(num_tokens))
+        table_c = self.calibration.confidence(m)
+        return m, self.trust.adjust(request_id, table_c), table_c
+
     @torch.no_grad()
     def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:
         matches, confs, table_confs = [], [], []
@@ -169,11 +178,10 @@ class HybridDrafter(Drafter):
             if req.anchor_position != len(seq):
                 raise ValueError(f"request {req.request_id!r}: anchor at position {req.anchor_position} but the "
                                  f"drafter holds {len(seq)} context tokens")
-            m = LookupMatch(*self.history.suffix_index(req.request_id, seq, [req.anchor_token])
-                            .most_frequent(num_tokens))
+            m, c, table_c = self._propose(req.request_id, num_tokens, seq, [req.anchor_token])
             matches.append(m)
-            table_confs.append(self.calibration.confidence(m))
-            confs.append(self.trust.adjust(req.request_id, table_confs[-1]))
+            confs.append(c)
+            table_confs.append(table_c)
         need = [i for i, c in enumerate(confs) if not self._skip_drafter(c, num_tokens)]
         r = len(requests)
         from_lookup = [num_tokens] * r  # rows that skip the drafter are all lookup
@@ -199,17 +207,15 @@ class HybridDrafter(Drafter):
         """Prompt lookup alone (the drafter is not run): what the engine proposes for
         requests the scheduler leaves out of drafting, since a lookup token costs
         verification but no drafter time. `contexts` are the requests' whole token
-        sequences, anchor last, each as the parts to concatenate (prompt, output). Each row: the match's tokens then -1 (`num_valid` says
-        how many are real), their calibrated confidences then 0, and no logits (point
-        masses, as in n-gram drafting)."""
+        sequences, anchor last, each as the parts to concatenate (prompt, output). Each
+        row: the match's tokens then -1 (`num_valid` says how many are real), their
+        confidences then 0, and no logits (point masses, as in n-gram drafting)."""
         r, dev = len(request_ids), self.inner.device
         tokens = [[-1] * num_tokens for _ in range(r)]
         conf = [[0.0] * num_tokens for _ in range(r)]
         valid = [0] * r
         for i, (rid, ctx) in enumerate(zip(request_ids, contexts)):
-            m = LookupMatch(*self.history.suffix_index(rid, *ctx).most_frequent(num_tokens))
-            table_c = self.calibration.confidence(m)
-            c = self.trust.adjust(rid, table_c)
+            m, c, table_c = self._propose(rid, num_tokens, *ctx)
             n = len(m.tokens)
             tokens[i][:n] = m.tokens
             conf[i][:n] = c[:n]

@@ -14,7 +14,6 @@ tuples, one append per step) for whoever wants to watch the scheduler work.
 from __future__ import annotations
 
 import copy
-
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator

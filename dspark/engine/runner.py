@@ -130,7 +130,7 @@ class SpecRunner:
         drafting = self.policy.should_draft(len(decodes), n)
         live = [i for i, s in enumerate(decodes) if s.speculate and s.request_id not in self.undrafted]
         rows = [i for i in live if drafting and self.gate.wants_draft(decodes[i].request_id)]
-        if len(rows) > PROBE_ROWS and getattr(self.policy, "probing", False):
+        if len(rows) > PROBE_ROWS and self.policy.probing:
             # a probe (drafting has not paid lately): a few requests, in turn, refresh the
             # survivals the next decision rests on; all of them would cost a full draft
             self._probe_turn = (self._probe_turn + PROBE_ROWS) % len(rows)
@@ -196,8 +196,7 @@ class SpecRunner:
         context)."""
         t0 = time.perf_counter()
         lengths, draft_tokens, draft_logits = self._verify_lengths(decodes)
-        t1 = time.perf_counter()
-        self.last_draft_seconds = t1 - t0 if self._num_drafted else 0.0
+        self.last_draft_seconds = time.perf_counter() - t0 if self._num_drafted else 0.0
         prepared = self._prepare(prefills, decodes, lengths, draft_tokens)
         if prepared is None:
             return {}

@@ -93,12 +93,10 @@ class StepWatch:
             predicted = self.table.step_time(n_tokens, n_requests)
             if predicted > 0:
                 self.ratios.append(seconds / predicted)
-                self.drift_ratios.append(seconds / predicted)
-                if len(self.drift_ratios) >= self.DRIFT_WINDOW:
-                    if self.rescale:
+                if self.rescale:
+                    self.drift_ratios.append(seconds / predicted)
+                    if len(self.drift_ratios) >= self.DRIFT_WINDOW:
                         self._check_drift()
-                    else:
-                        self.drift_ratios.clear()
         else:
             bucket = max(0, n_tokens - 1).bit_length()
             best = self._best.get(bucket)

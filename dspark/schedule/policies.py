@@ -85,6 +85,9 @@ class VerifyLengthPolicy:
     with the [R, G] survival matrix of that step's drafts."""
 
     name: str = ""
+    #: True when the last `should_draft` said yes only to re-measure survival (the
+    #: engine then drafts a few requests, not all); only dspark-async probes
+    probing: bool = False
     #: False for policies that only read the shape of `survival`; a drafter without a
     #: confidence head may then pass any [R, G] array (e.g. `torch.empty(R, G)`).
     needs_confidence: bool = True
@@ -243,10 +246,7 @@ class DSparkAsync(VerifyLengthPolicy):
         self._probe_gap = probe_every
         self._skipped = 0
         self.skipped_steps = 0
-        #: whether the last `should_draft` said yes only to probe (the engine then drafts
-        #: for a few requests, not all: a probe measures survival, it need not pay)
-        self.probing = False
-        self._rates_cache: tuple[tuple[int, int], tuple, np.ndarray] | None = None
+        self._rates_cache: tuple[tuple[int, int, int], tuple, np.ndarray] | None = None
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ScheduleError(
                 f"lag must be an integer >= 1, got {lag!r}: a budget from the current step's "

@@ -115,6 +115,13 @@ class DrafterTimeTable:
         self.step_ms = [t * factor for t in self.step_ms]
         self._ms = self._ms * factor
 
+    def set_live_ms(self, ms) -> None:
+        """Replace the times read (at the same counts) with a live estimate."""
+        ms = np.asarray(ms, dtype=np.float64)
+        if ms.shape != self._counts.shape:
+            raise ScheduleError("live drafter times need one value per profiled request count")
+        self._ms = ms
+
     def to_dict(self) -> dict:
         return {
             "method": self.method,
@@ -191,10 +198,7 @@ class StepTimeTable:
             raise ScheduleError("live step times need one value per profiled token count")
         self._ms = target_ms
         if drafter_ms is not None and self.drafter is not None:
-            drafter_ms = np.asarray(drafter_ms, dtype=np.float64)
-            if drafter_ms.shape != self.drafter._counts.shape:
-                raise ScheduleError("live drafter times need one value per profiled request count")
-            self.drafter._ms = drafter_ms
+            self.drafter.set_live_ms(drafter_ms)
         self.version += 1
 
     def target_times(self, n_tokens: np.ndarray) -> np.ndarray:
@@ -204,8 +208,7 @@ class StepTimeTable:
     def step_times(self, n_tokens: np.ndarray, n_requests: int) -> np.ndarray:
         """`step_time` for many token counts at once (the scheduler's inner loop).
         `n_tokens` must be positive."""
-        target = _interp_ms(np.asarray(n_tokens, dtype=np.float64), self._counts, self._ms) / 1000.0
-        return target + self.drafter_time(n_requests)
+        return self.target_times(n_tokens) + self.drafter_time(n_requests)
 
     @classmethod
     def synthetic(
