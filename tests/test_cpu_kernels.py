@@ -214,3 +214,34 @@ def test_native_and_torch_paths_agree(tiny_hf, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     assert not model._native_attention(KVCachePool(model.cfg, 1, 8, model.dtype))
     torch.testing.assert_close(native, run(), atol=1e-4, rtol=0)
+
+
+def test_native_stack_gives_the_layer_by_layer_bits(tiny_hf, monkeypatch):
+    """A bf16w model's decoder layers in one native call (native_stack.py) against the
+    same model layer by layer: logits, tapped hidden states (with and without the
+    embeddings) and the KV cache bit for bit, over a prefill beside a decode and a
+    verification beside a decode. Qwen3's per-head q/k norms keep the layer path."""
+    kind, path, _ = tiny_hf
+    model = load_transformer(path, "bf16w")
+
+    def run(stacked: bool):
+        if stacked:
+            monkeypatch.delenv("DSPARK_NO_NATIVE_STACK", raising=False)
+        else:
+            monkeypatch.setenv("DSPARK_NO_NATIVE_STACK", "1")
+        model._stack_key = None
+        cache = KVCachePool(model.cfg, 2, 64, model.dtype)
+        a, b = cache.allocate(0), cache.allocate(1)
+        first = model(FlatBatch.from_requests([list(range(5, 45)), list(range(30, 33))], [0, 0], [a, b],
+                                              logits="all"), cache, [-1, 0, 1])
+        second = model(FlatBatch.from_requests([[40, 41, 42, 43], [50]], [40, 3], [a, b], logits="all"),
+                       cache, [1, 0])
+        kv = [t[s, :, :n] for t in (*cache.k, *cache.v) for s, n in ((a, 44), (b, 4))]
+        return [*first, *second, *kv], model._native_stack
+
+    layered, none = run(False)
+    stacked, stack = run(True)
+    assert none is None
+    assert (stack is None) == (kind == "qwen3")
+    for want, got in zip(layered, stacked):
+        assert torch.equal(want, got)

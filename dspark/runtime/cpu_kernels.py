@@ -9,6 +9,8 @@
 - `attention_f32` (kernels/attention_f32.c): writes a step's keys and values into the
   KV cache and attends, each token over its own slot's positions.
 - `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_` (kernels/elementwise_f32.c).
+- `dspark_decoder_bf16w` (kernels/decoder_f32.c): all of a bf16w model's decoder
+  layers through the kernels above in one call (`native_stack.NativeStack`).
 
 Each computes a row the same way whatever the batch, so verification, chunked prefill
 and one-token decoding agree bit for bit.
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 
 _SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "attention_f32.c",
-                                                                  "elementwise_f32.c")]
+                                                                  "elementwise_f32.c", "decoder_f32.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None

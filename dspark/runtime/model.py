@@ -23,6 +23,7 @@ from .batch import FlatBatch
 from . import cpu_kernels
 from .config import ModelConfig
 from .kv_cache import KVCachePool
+from .native_stack import NativeStack
 
 
 class RMSNorm(nn.Module):
@@ -302,6 +303,16 @@ class Transformer(nn.Module):
         return (self.device.type == "cpu" and self.dtype == torch.float32 and cache.k[0].dtype == torch.float32
                 and self.cfg.head_dim % 8 == 0 and cache.k[0].is_contiguous() and _native_ok(self.norm.weight))
 
+    def _stack(self) -> NativeStack | None:
+        """The decoder layers in one native call, for a bf16w model on a CPU (built on
+        first use; a model's linears become bf16w once, at load)."""
+        key = (self.precision, self.device.type)
+        if self.__dict__.get("_stack_key") != key:
+            self._stack_key = key
+            self._native_stack = (NativeStack.for_layers(self.layers) if key == ("bf16w", "cpu")
+                                  and self.dtype == torch.float32 else None)
+        return self._native_stack
+
     def ensure_rope(self, length: int) -> None:
         if length <= self._rope_len:
             return
@@ -344,16 +355,25 @@ class Transformer(nn.Module):
         cos = self.rope_cos[batch.positions].to(dtype)
         sin = self.rope_sin[batch.positions].to(dtype)
         taps: dict[int, torch.Tensor] = {}
+        ready = None
         wanted = set(hidden_layers)
         if -1 in wanted:
             taps[-1] = x
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], layout)
-            if i in wanted:
-                taps[i] = x
+        stack = self._stack() if layout.native else None
+        if stack is not None and len(wanted) == len(hidden_layers):
+            inner = [i for i in hidden_layers if i >= 0]
+            x, stacked = stack.run(x, cos, sin, cache, layout.token_slots, layout.positions, inner)
+            if len(inner) == len(hidden_layers):  # no embeddings among the taps: already stacked
+                hidden_layers, ready = (), stacked
+            taps.update((i, stacked[:, c]) for c, i in enumerate(inner))
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, cache.k[i], cache.v[i], layout)
+                if i in wanted:
+                    taps[i] = x
         for s, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
             cache.lengths[s] = pos[b - 1] + 1
         rows = x if batch.logit_rows is None else x.index_select(0, batch.logit_rows)
         logits = self.logits(rows).float() if rows.shape[0] else rows.new_zeros(0, self.cfg.vocab_size).float()
-        hidden = torch.stack([taps[i] for i in hidden_layers], dim=1) if hidden_layers else None
+        hidden = torch.stack([taps[i] for i in hidden_layers], dim=1) if hidden_layers else ready
         return logits, hidden

@@ -1,0 +1,57 @@
+/* A bf16w model's decoder layers in one call: the same kernels, in the same order, as
+ * the layer-by-layer path of dspark/runtime/model.py (`DecoderLayer.forward` with the
+ * native kernels), so the two give the same bits. What it saves is the interpreter:
+ * a decode step of a 30-layer model otherwise makes some 300 calls from Python, each
+ * with its argument checks and fresh output tensors, a few milliseconds a step that
+ * the arithmetic of one token does not need.
+ *
+ * Per layer (x [N, hidden] is updated in place):
+ *   h = rmsnorm(x) * ln1;  qkv = h @ Wqkv^T (+ b);  rotary on queries and keys;
+ *   keys/values into the cache, attention;  x = x + attn @ Wo^T;
+ *   h = rmsnorm(x) * ln2;  gu = h @ Wgu^T;  x = x + (silu(gate) * up) @ Wdown^T
+ * and, where asked, a copy of x after the layer into the taps.
+ *
+ * Built on first use by dspark/runtime/cpu_kernels.py with the other kernels.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* The pointers of one layer, in this order, as int64 (see native_stack.py). */
+enum { W_QKV, B_QKV, W_O, W_GU, W_DOWN, LN1, LN2, K_CACHE, V_CACHE, LAYER_PTRS };
+
+/* x [N, hidden] in place. ptrs [layers][LAYER_PTRS]. cos, sin [N, D]; slots and
+ * positions [N] (checked by the caller). scratch: at least
+ * N * (2 hidden + (H + 2 KVH) D + H D + 3 I) floats. taps [N, ntaps, hidden];
+ * tap_col[layer]: the column the layer's output is copied to, or -1.
+ * Returns 0, or -1 when attention found a slot or position out of range. */
+int dspark_decoder_bf16w(float *x, int64_t N, const int64_t *ptrs, int64_t layers, int64_t hidden, int64_t H,
+                         int64_t KVH, int64_t D, int64_t I, int64_t S, int64_t L, const float *cos,
+                         const float *sin, const int64_t *slots, const int64_t *positions, float eps, float scale,
+                         float *scratch, float *taps, const int64_t *tap_col, int64_t ntaps, int threads) {
+    const int64_t W = (H + 2 * KVH) * D;
+    float *h = scratch, *tmp = h + N * hidden, *qkv = tmp + N * hidden, *ao = qkv + N * W, *gu = ao + N * H * D,
+          *act = gu + N * 2 * I;
+    for (int64_t l = 0; l < layers; l++) {
+        const int64_t *p = ptrs + l * LAYER_PTRS;
+        dspark_rmsnorm_f32(x, (const float *)p[LN1], h, N, hidden, eps, threads);
+        dspark_gemm_bf16w_packed(h, (const uint16_t *)p[W_QKV], (const float *)p[B_QKV], qkv, N, W, hidden,
+                                 threads);
+        dspark_rope_f32(qkv, W, cos, sin, N, H + KVH, D);
+        if (dspark_attention_f32(qkv, W, (float *)p[K_CACHE], (float *)p[V_CACHE], slots, positions, ao, N, S, H,
+                                 KVH, D, L, scale, threads))
+            return -1;
+        dspark_gemm_bf16w_packed(ao, (const uint16_t *)p[W_O], 0, tmp, N, hidden, H * D, threads);
+        for (int64_t i = 0; i < N * hidden; i++) x[i] = x[i] + tmp[i];
+        dspark_rmsnorm_f32(x, (const float *)p[LN2], h, N, hidden, eps, threads);
+        dspark_gemm_bf16w_packed(h, (const uint16_t *)p[W_GU], 0, gu, N, 2 * I, hidden, threads);
+        dspark_silu_mul_f32(gu, act, N, I, threads);
+        dspark_gemm_bf16w_packed(act, (const uint16_t *)p[W_DOWN], 0, tmp, N, hidden, I, threads);
+        for (int64_t i = 0; i < N * hidden; i++) x[i] = x[i] + tmp[i];
+        if (tap_col[l] >= 0)
+            for (int64_t n = 0; n < N; n++)
+                memcpy(taps + (n * ntaps + tap_col[l]) * hidden, x + n * hidden, hidden * sizeof(float));
+    }
+    return 0;
+}
