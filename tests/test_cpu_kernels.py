@@ -172,6 +172,36 @@ def test_attention_kernel_rows_do_not_depend_on_the_batch():
         cpu_kernels.attention_f32(qkv[:, :-8], 9, kc, vc, slots, pos)
 
 
+@pytest.mark.parametrize("heads,kvh", [(9, 3), (32, 1), (4, 4)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_kernel_runs_of_tokens_give_each_token_alone(heads, kvh, threads):
+    """Tokens of one slot in one call (a 21-token verification across key blocks, next to
+    a 3-token one and a decode; the kernel serves them in runs that share the key and
+    value reads) give bit for bit what each token gets alone, and match fp64."""
+    g = torch.Generator().manual_seed(6)
+    d, length = 64, 96
+    kc, vc = torch.randn(3, kvh, length, d, generator=g), torch.randn(3, kvh, length, d, generator=g)
+    slots = torch.tensor([2] * 21 + [0] * 3 + [1])
+    pos = torch.cat([torch.arange(37, 58), torch.arange(5, 8), torch.tensor([70])])
+    qkv = torch.randn(len(slots), (heads + 2 * kvh) * d, generator=g)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = cpu_kernels.attention_f32(qkv, heads, kc, vc, slots, pos)
+        for t in range(len(slots)):
+            one = cpu_kernels.attention_f32(qkv[t : t + 1], heads, kc, vc, slots[t : t + 1], pos[t : t + 1])
+            assert torch.equal(one[0], full[t]), t
+    finally:
+        torch.set_num_threads(saved)
+    q = qkv.view(len(slots), heads + 2 * kvh, d)[:, :heads]
+    for t in (0, 20, 23, 24):
+        s, p = int(slots[t]), int(pos[t])
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[t].unsqueeze(1).double(), kc[s, :, : p + 1].double(), vc[s, :, : p + 1].double(),
+            enable_gqa=True)[:, 0]
+        torch.testing.assert_close(full[t].double(), ref, atol=2e-6, rtol=0)
+
+
 def test_elementwise_kernels_match_torch():
     from dspark.runtime.model import rotate_half
 
