@@ -107,6 +107,33 @@ def test_the_scheduler_stops_buying_tokens_the_measured_curve_says_do_not_pay():
     assert table.step_ms[table.token_counts.index(32)] == 55.0
 
 
+def test_speculation_s_time_outside_target_and_drafter_is_measured_and_priced():
+    """Steps that drafted or looked up spend 3 ms more outside the target and the
+    drafter than plain steps: that becomes the level's overhead, and tokens that paid
+    for themselves on the curve alone stop being verified (lookup) or drafted."""
+    table = _flat_table(drafter_ms=1.0)
+    live = LiveStepTime(table)
+    s = np.array([[0.45, 0.1, 0.05]] * 4)  # four requests, lookup-like survivals
+    assert sum(free_lengths(s, table)) > 0  # 24 -> 32 ms for 4 -> 8 tokens pays by the curve alone
+    live.record_outside(4, True, 0.004, select_seconds=0.0015)
+    # no plain step seen yet: a plain step is taken to cost the speculative one less its choosing
+    assert table.spec_overhead(4) == pytest.approx(0.0015)
+    for _ in range(40):
+        live.record_outside(4, False, 0.001)
+        live.record_outside(4, True, 0.004, select_seconds=0.0015)
+    assert table.spec_overhead(4) == pytest.approx(0.003, rel=0.05)
+    assert table.spec_overhead(1) == 0.0  # other levels keep their own
+    assert live.summary()["spec_overhead_ms"]["4-7"] == pytest.approx(3.0, rel=0.05)
+    assert free_lengths(s, table) == [0, 0, 0, 0]
+    policy = DSparkAsync(table, lag=1)
+    policy.choose(s)
+    assert not policy.should_draft(4, 3)
+    # a level without plain steps of its own compares with the level below
+    for _ in range(40):
+        live.record_outside(9, True, 0.0015)
+    assert table.spec_overhead(9) == pytest.approx(0.0005, rel=0.1)
+
+
 def test_drafting_time_is_learned_per_request_count_and_decides_skipping():
     # 4 requests, drafts surviving at 0.8 per token. The profile says drafting takes
     # 10 ms: verifying all 16 drafted tokens gives 13.45 tokens in 60 ms, more than

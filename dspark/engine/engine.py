@@ -198,6 +198,9 @@ class LLMEngine:
             if self.live_table is not None:
                 self.live_table.record(runner.last_forward_tokens, runner.last_target_seconds,
                                        runner.last_drafted_requests, runner.last_draft_seconds)
+                self.live_table.record_outside(len(decodes), runner.last_speculated,
+                                               seconds - runner.last_target_seconds - runner.last_draft_seconds,
+                                               runner.last_select_seconds)
             if self.governor is not None:
                 self.governor.record(len(decodes), sum(len(emitted[s.request_id]) for s in decodes), seconds,
                                      self.step_table.target_time(len(decodes)))

@@ -65,6 +65,13 @@ class SpecRunner:
         #: wall seconds of the last step's target forward, and of its drafting (0 if none)
         self.last_target_seconds = 0.0
         self.last_draft_seconds = 0.0
+        #: whether the latest step drafted or looked up anything (its time outside the
+        #: target and the drafter is then speculation's, `LiveStepTime.record_outside`)
+        self.last_speculated = False
+        #: the time it spent choosing what to verify besides the drafter's call: lookup,
+        #: the policy, merging drafts
+        self.last_select_seconds = 0.0
+        self._draft_seconds = 0.0
         self._num_drafted = 0
         self._probe_turn = 0
         #: False: this step decodes plain, drafting and lookup untouched (the governor's call)
@@ -124,6 +131,7 @@ class SpecRunner:
         none = [0] * len(decodes), None, None
         self._confidence = None
         self._num_drafted = 0
+        self.last_speculated = False
         n = self.num_speculative_tokens
         if not decodes or n == 0 or not self.speculating:
             return none
@@ -145,14 +153,18 @@ class SpecRunner:
         if not rows and not looked:
             return none
         self._num_drafted = len(rows)
+        self.last_speculated = True
         out, bad, lk = None, set(), None
         try:
+            self._draft_seconds = 0.0
             if rows:
+                t = time.perf_counter()
                 out = self.drafter.draft(
                     [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
                                   decodes[i].generator) for i in rows],
                     n,
                 )
+                self._draft_seconds = time.perf_counter() - t
             if looked:
                 lk = self.drafter.lookup_only([decodes[i].request_id for i in looked],
                                               [(decodes[i].prompt_ids, decodes[i].output_ids) for i in looked], n)
@@ -196,7 +208,10 @@ class SpecRunner:
         context)."""
         t0 = time.perf_counter()
         lengths, draft_tokens, draft_logits = self._verify_lengths(decodes)
-        self.last_draft_seconds = time.perf_counter() - t0 if self._num_drafted else 0.0
+        chosen = time.perf_counter() - t0
+        # the drafter's own call (its live curve); lookup, the policy and merging are speculation's overhead
+        self.last_draft_seconds = self._draft_seconds if self._num_drafted else 0.0
+        self.last_select_seconds = chosen - self.last_draft_seconds if self.last_speculated else 0.0
         prepared = self._prepare(prefills, decodes, lengths, draft_tokens)
         if prepared is None:
             return {}

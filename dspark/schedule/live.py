@@ -114,6 +114,8 @@ class LiveStepTime:
         d = table.drafter
         self.drafter = None if d is None else LiveCurve(d.request_counts, d.step_ms, window, max_age)
         self.steps = 0
+        self.window = window
+        self._outside: dict[int, list] = {}  # level -> averages [plain, speculative, choosing] (seconds)
 
     def record(self, n_tokens: int, target_seconds: float, drafted_requests: int = 0,
                draft_seconds: float = 0.0) -> None:
@@ -128,12 +130,44 @@ class LiveStepTime:
         self.table.set_live_ms(ms, drafter_ms)
         self.steps += 1
 
+    def record_outside(self, n_requests: int, speculated: bool, seconds: float, select_seconds: float = 0.0) -> None:
+        """One decode step's time outside the target's forward and the drafter's call,
+        whether it speculated (drafted or looked up), and of that time what choosing the
+        tokens took (lookup, the policy, merging drafts). Per load level (the requests'
+        bit length), exponential averages over about `window` steps; the speculative
+        steps' average minus the plain steps' is the table's `spec_overhead` for that
+        level. A level without plain steps of its own compares with the nearest level
+        below; with none anywhere (every step looked up), a plain step is taken to cost
+        what a speculative one did without its choosing."""
+        if n_requests <= 0 or seconds < 0:
+            return
+        level = max(1, n_requests).bit_length()
+        avg = self._outside.setdefault(level, [None, None, None])  # plain, speculative, choosing
+
+        def update(i: int, x: float) -> None:
+            avg[i] = x if avg[i] is None else avg[i] + (min(x, 4.0 * avg[i] + 1e-3) - avg[i]) / self.window
+
+        if speculated:
+            update(1, seconds)
+            update(2, max(0.0, select_seconds))
+        else:
+            update(0, seconds)
+        if avg[1] is None:
+            return
+        plain = avg[0]
+        if plain is None:
+            lower = [lv for lv, a in self._outside.items() if lv < level and a[0] is not None]
+            plain = self._outside[max(lower)][0] if lower else avg[1] - avg[2]
+        self.table.set_spec_overhead(n_requests, avg[1] - plain)
+
     def summary(self) -> dict:
         """The live curve against the profile, for metrics and the live view."""
         out = {"steps": self.steps, "token_counts": self.table.token_counts,
                "profiled_ms": [round(float(x), 3) for x in self.target.base_ms],
                "live_ms": [round(float(x), 3) for x in self.target.ms()],
-               "observed": self.target.fresh().tolist()}
+               "observed": self.target.fresh().tolist(),
+               "spec_overhead_ms": {f"{2 ** (lv - 1)}-{2 ** lv - 1}": round(self.table.spec_overhead(2 ** (lv - 1)) * 1000, 3)
+                                    for lv in sorted(self._outside)}}
         if self.drafter is not None:
             out["drafter"] = {"request_counts": [int(c) for c in self.drafter.counts],
                               "profiled_ms": [round(float(x), 3) for x in self.drafter.base_ms],

@@ -169,6 +169,11 @@ class DSparkSync(VerifyLengthPolicy):
 
         J = (sum_i 1 + sum_{k<=L_i} s_{i,k}) / step_time(sum_i (1 + L_i), R).
 
+    (Here and in `DSparkAsync` and `free_lengths`, a step that verifies any drafted
+    token also pays the table's measured `spec_overhead`: the time speculation costs
+    outside the target and the drafter, which decides whether a token or two are worth
+    verifying at all.)
+
     The early stop is what keeps it lossless, not a shortcut. c_{i,k+1} is computed
     from the sampled token d_{i,k}, so a scheduler that scans the whole table and
     picks the best prefix afterwards lets a later, low J (which contains s_{i,k+1})
@@ -193,7 +198,9 @@ class DSparkSync(VerifyLengthPolicy):
         rows, gains = _admission_order(s)  # [R*G], [R*G]
         expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
         n_tokens = num_requests + np.arange(gains.size + 1)  # [R*G+1]
-        rate = expected / self.table.step_times(n_tokens, num_requests)  # [R*G+1]
+        times = self.table.step_times(n_tokens, num_requests)  # [R*G+1]
+        times[1:] += self.table.spec_overhead(num_requests)
+        rate = expected / times
         # J is evaluated at every prefix at once, but only the first drop decides
         improves = rate[1:] > rate[:-1]  # [R*G]
         num_admitted = gains.size if improves.all() else int(improves.argmin())
@@ -281,7 +288,9 @@ class DSparkAsync(VerifyLengthPolicy):
         entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
         per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
         expected = num_requests * (1.0 + per_request)
-        rates = expected / self.table.step_times(num_requests + budgets, num_requests)
+        times = self.table.step_times(num_requests + budgets, num_requests)
+        times[1:] += self.table.spec_overhead(num_requests)  # verifying anything costs that too
+        rates = expected / times
         self._rates_cache = (key, lagged, rates)
         return rates
 
@@ -341,6 +350,7 @@ def free_lengths(survival: SurvivalLike, table: StepTimeTable) -> list[int]:
     rows, gains = _admission_order(s)
     expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
     times = table.target_times(num_requests + np.arange(gains.size + 1))
+    times[1:] += table.spec_overhead(num_requests)
     return _lengths(rows, int((expected / times).argmax()), num_requests)
 
 

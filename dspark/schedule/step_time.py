@@ -157,6 +157,10 @@ class StepTimeTable:
         self._ms = np.asarray(self.step_ms, dtype=np.float64)
         #: bumped whenever the times the scheduler reads change (scale, live updates)
         self.version = 0
+        #: per load level (requests' bit length): seconds a speculative step spends
+        #: outside the target's forward and the drafter beyond what a plain step spends
+        #: there (lookup, verification, bookkeeping), as measured while serving
+        self._spec_overhead: dict[int, float] = {}
 
     @property
     def max_token_count(self) -> int:
@@ -177,6 +181,15 @@ class StepTimeTable:
     def step_time(self, n_tokens: int, n_requests: int) -> float:
         """Seconds for a whole decode step: draft for `n_requests`, verify `n_tokens`."""
         return self.target_time(n_tokens) + self.drafter_time(n_requests)
+
+    def spec_overhead(self, n_requests: int) -> float:
+        """Seconds a step of `n_requests` pays for speculating at all, beyond the
+        target's forward and the drafter (0 until measured; `dspark.schedule.live`)."""
+        return self._spec_overhead.get(max(1, n_requests).bit_length(), 0.0)
+
+    def set_spec_overhead(self, n_requests: int, seconds: float) -> None:
+        self._spec_overhead[max(1, n_requests).bit_length()] = max(0.0, float(seconds))
+        self.version += 1
 
     def scale(self, factor: float) -> None:
         """Multiply every time, the drafter's too, by `factor` (in place: a scheduler
