@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One drafter-training run in a GPU machine's few minutes: continue a drafter on the
+# generated data, calibrate it, and measure its held-out acceptance beside the shipped
+# one and prompt lookup.
+#
+#   bash scripts/gpu_train.sh [OUT_DIR]
+#   MINUTES=8 METHOD=dspark INIT=dspark/drafters/shipped/dspark BATCH=32 bash scripts/gpu_train.sh OUT
+#   DEVICE=cpu MINUTES=0.5 EVAL=0 bash scripts/gpu_train.sh /tmp/out     # a dry run of the flags
+#
+# Needs runs/data/train.jsonl and runs/data/heldout.jsonl (`dspark data generate`; an
+# ignored path: carry runs/data with the working tree to the GPU machine). Installs
+# dspark over the machine's own torch (scripts/install.sh keeps an importable one).
+# The checkpoint is written to OUT_DIR/<method> every SAVE_MIN minutes, so a run cut
+# short still leaves one; the recipe is the shipped drafter's (its config comes with
+# --init), at a GPU's batch size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-runs/gpu}}
+MINUTES=${MINUTES:-8}
+METHOD=${METHOD:-dspark}
+INIT=${INIT:-dspark/drafters/shipped/$METHOD}
+DEVICE=${DEVICE:-cuda}
+BATCH=${BATCH:-32}
+SAVE_MIN=${SAVE_MIN:-2}
+EVAL=${EVAL:-1}
+mkdir -p "$OUT"
+for f in runs/data/train.jsonl runs/data/heldout.jsonl; do
+  [ -f "$f" ] || { echo "error: $f is missing (generate it with dspark data generate, then carry runs/data)" >&2; exit 2; }
+done
+command -v dspark >/dev/null 2>&1 && python3 -c "import dspark" 2>/dev/null || bash scripts/install.sh
+if [ "$DEVICE" = cuda ]; then
+  python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
+fi
+export PYTHONUNBUFFERED=1
+dspark train --method "$METHOD" --data runs/data/train.jsonl --eval-data runs/data/heldout.jsonl \
+  --batch-size "$BATCH" --position-decay 2 --blocks-per-seq 64 --no-progress --log-every 20 \
+  --dtype bf16 --device "$DEVICE" --init "$INIT" --lr 3e-4 --max-steps 1000000 \
+  --time-limit-min "$MINUTES" --save-every-min "$SAVE_MIN" --out "$OUT/$METHOD" 2>&1 | tee "$OUT/train-$METHOD.log"
+if [ "$METHOD" = dspark ]; then
+  dspark calibrate --drafter "$OUT/$METHOD" --data runs/data/heldout.jsonl --device "$DEVICE" 2>&1 \
+    | tee "$OUT/calibrate.log"
+fi
+if [ "$EVAL" = 1 ]; then
+  dspark eval acceptance --drafter "$OUT/$METHOD" --drafter "$INIT" --drafter ngram --block 7 \
+    --domains math,code,chat --num-prompts 10 --max-tokens 128 --max-num-seqs 10 --device "$DEVICE" --json \
+    > "$OUT/acceptance.json" 2> "$OUT/acceptance.log"
+  tail -n 20 "$OUT/acceptance.log" || true
+fi
+echo "wrote $OUT/$METHOD (checkpoint), $OUT/train-$METHOD.log"
