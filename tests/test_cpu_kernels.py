@@ -61,8 +61,9 @@ def test_gemm_variants_give_the_same_bits():
         for k, n in [(64, 150), (576, 40), (37, 7), (300, 129), (8, 1)]:
             w = torch.randn(n, k, generator=g).to(torch.bfloat16)
             b = torch.randn(n, generator=g)
-            x = torch.randn(20, k, generator=g)
-            for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 20):
+            x = torch.randn(101, k, generator=g)
+            # up to 20 rows: every tile and remainder; then prefill-sized row counts
+            for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 20, 48, 53, 101):
                 for bias in (None, b):
                     cpu_kernels.set_gemm_isa("avx512")
                     a = cpu_kernels.gemm_bf16w(x[:m], w, bias)
