@@ -32,6 +32,8 @@ are lossless like the scheduler's own.
 
 from __future__ import annotations
 
+from dspark.schedule.step_time import load_level
+
 SPEC, PLAIN = "speculative", "plain"
 
 
@@ -49,7 +51,7 @@ class SpecGovernor:
 
     @staticmethod
     def bucket(num_requests: int) -> int:
-        return max(1, num_requests).bit_length() - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
+        return load_level(num_requests) - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
 
     def level(self, num_requests: int) -> "LoadLevel":
         b = self.bucket(num_requests)

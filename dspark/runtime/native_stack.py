@@ -53,6 +53,7 @@ class NativeStack:
                          weights[2].data_ptr(), weights[3].data_ptr(), ln1.data_ptr(), ln2.data_ptr(), 0, 0])
         self.ptrs = torch.tensor(rows, dtype=torch.int64)
         self._cache: weakref.ref | None = None
+        self._cols: tuple[tuple, torch.Tensor | None] = ((None,), None)  # tap layers -> column per layer
         fn = lib.dspark_decoder_bf16w
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 8
                        + [ctypes.c_void_p] * 4 + [ctypes.c_float] * 2 + [ctypes.c_void_p] * 3
@@ -99,9 +100,13 @@ class NativeStack:
         x = x.contiguous().clone()
         ntaps = len(tap_layers)
         taps = x.new_empty(n, ntaps, hidden)
-        cols = torch.full((len(self.ptrs),), -1, dtype=torch.int64)
-        for c, i in enumerate(tap_layers):
-            cols[i] = c
+        key = tuple(tap_layers)
+        if self._cols[0] != key:  # the same taps every step of an engine
+            cols = torch.full((len(self.ptrs),), -1, dtype=torch.int64)
+            for c, i in enumerate(tap_layers):
+                cols[i] = c
+            self._cols = (key, cols)
+        cols = self._cols[1]
         inter = cfg.intermediate_size
         width = (cfg.num_heads + 2 * kvh) * d
         scratch = x.new_empty(n * (2 * hidden + width + cfg.num_heads * d + 3 * inter))

@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from .step_time import StepTimeTable
+from .step_time import StepTimeTable, load_level
 
 
 class LiveCurve:
@@ -141,7 +141,7 @@ class LiveStepTime:
         what a speculative one did without its choosing."""
         if n_requests <= 0 or seconds < 0:
             return
-        level = max(1, n_requests).bit_length()
+        level = load_level(n_requests)
         avg = self._outside.setdefault(level, [None, None, None])  # plain, speculative, choosing
 
         def update(i: int, x: float) -> None:

@@ -198,9 +198,7 @@ class DSparkSync(VerifyLengthPolicy):
         rows, gains = _admission_order(s)  # [R*G], [R*G]
         expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
         n_tokens = num_requests + np.arange(gains.size + 1)  # [R*G+1]
-        times = self.table.step_times(n_tokens, num_requests)  # [R*G+1]
-        times[1:] += self.table.spec_overhead(num_requests)
-        rate = expected / times
+        rate = expected / self.table.admission_times(n_tokens, num_requests)  # [R*G+1]
         # J is evaluated at every prefix at once, but only the first drop decides
         improves = rate[1:] > rate[:-1]  # [R*G]
         num_admitted = gains.size if improves.all() else int(improves.argmin())
@@ -288,9 +286,7 @@ class DSparkAsync(VerifyLengthPolicy):
         entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
         per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
         expected = num_requests * (1.0 + per_request)
-        times = self.table.step_times(num_requests + budgets, num_requests)
-        times[1:] += self.table.spec_overhead(num_requests)  # verifying anything costs that too
-        rates = expected / times
+        rates = expected / self.table.admission_times(num_requests + budgets, num_requests)
         self._rates_cache = (key, lagged, rates)
         return rates
 
@@ -349,8 +345,7 @@ def free_lengths(survival: SurvivalLike, table: StepTimeTable) -> list[int]:
         return [0] * num_requests
     rows, gains = _admission_order(s)
     expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
-    times = table.target_times(num_requests + np.arange(gains.size + 1))
-    times[1:] += table.spec_overhead(num_requests)
+    times = table.admission_times(num_requests + np.arange(gains.size + 1), num_requests, drafted=False)
     return _lengths(rows, int((expected / times).argmax()), num_requests)
 
 

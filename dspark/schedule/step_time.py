@@ -32,6 +32,13 @@ class ScheduleError(UserError, ValueError):
     """A bad step-time table or scheduler setting supplied by the user."""
 
 
+def load_level(n_requests: int) -> int:
+    """The load level of a step of `n_requests` decodes: 1, 2-3, 4-7, 8-15, ... requests
+    are levels 1, 2, 3, 4, ... (what the step costs, and whether speculation pays,
+    changes with the order of magnitude of the batch)."""
+    return max(1, n_requests).bit_length()
+
+
 def make_monotone(times_ms: list[float]) -> list[float]:
     """The running maximum of `times_ms`: the smallest non-decreasing curve that
     never lies below a measurement.
@@ -185,11 +192,19 @@ class StepTimeTable:
     def spec_overhead(self, n_requests: int) -> float:
         """Seconds a step of `n_requests` pays for speculating at all, beyond the
         target's forward and the drafter (0 until measured; `dspark.schedule.live`)."""
-        return self._spec_overhead.get(max(1, n_requests).bit_length(), 0.0)
+        return self._spec_overhead.get(load_level(n_requests), 0.0)
 
     def set_spec_overhead(self, n_requests: int, seconds: float) -> None:
-        self._spec_overhead[max(1, n_requests).bit_length()] = max(0.0, float(seconds))
+        self._spec_overhead[load_level(n_requests)] = max(0.0, float(seconds))
         self.version += 1
+
+    def admission_times(self, n_tokens: np.ndarray, n_requests: int, drafted: bool = True) -> np.ndarray:
+        """What the scheduler divides expected tokens by: for steps of `n_requests`
+        verifying `n_tokens` in all, the target's time, the drafter's when it `drafted`,
+        and `spec_overhead` wherever any drafted token is verified (n_tokens > n_requests)."""
+        n_tokens = np.asarray(n_tokens, dtype=np.float64)
+        times = self.step_times(n_tokens, n_requests) if drafted else self.target_times(n_tokens)
+        return times + np.where(n_tokens > n_requests, self.spec_overhead(n_requests), 0.0)
 
     def scale(self, factor: float) -> None:
         """Multiply every time, the drafter's too, by `factor` (in place: a scheduler
