@@ -20,20 +20,16 @@ any data size) and gives the same top-k.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.model import Transformer
 
-from .data import TrainSequence, sequences_digest
+from .data import TrainSequence
+from .feature_store import FeatureStore, build_cache, cache_key, find_cache
 
 DEFAULT_TOPK = 32
 
@@ -127,7 +123,8 @@ def cache_layers(model: Transformer, wanted: list[int]) -> list[int]:
 
 
 class CachedTeacher:
-    """Hidden states and the top-k of p from a safetensors cache (built on first use)."""
+    """Hidden states and the top-k of p from a feature cache on disk (`feature_store`),
+    built on first use and resumed if a build was interrupted."""
 
     def __init__(self, model: Transformer, layers: list[int], seqs: list[TrainSequence], cache_dir: str | Path,
                  model_name: str, build_batch_tokens: int = 2048, progress: bool = True,
@@ -139,84 +136,37 @@ class CachedTeacher:
         if self.path is None:
             if not build:
                 raise FileNotFoundError("feature cache not built yet")
-            self.path = build_cache(model, seqs, cache_dir, model_name, cache_layers(model, self.layers),
-                                    build_batch_tokens, progress, topk)
-        self._file = safe_open(str(self.path), framework="pt")
-        stored = json.loads(self._file.metadata()["layers"])
-        self._tap_index = [stored.index(i) for i in self.layers]
+            stored = cache_layers(model, self.layers)
+            runner = OnTheFlyTeacher(model, stored)
+
+            def run(group: list[int]):
+                rows = [list(range(seqs[j].prompt_len, len(seqs[j].tokens) - 1)) for j in group]
+                hidden, logits = runner.run([seqs[j].tokens for j in group], stored, rows)
+                out, at = [], 0
+                for h, r in zip(hidden, rows):
+                    top = TopKTargets.of_logits(logits[at : at + len(r)], topk)
+                    at += len(r)
+                    out.append((h.cpu().contiguous(), top.ids.to(torch.int32).cpu().contiguous(),
+                                top.probs.to(torch.float16).cpu().contiguous()))
+                return out
+
+            self.path = build_cache(seqs, cache_dir, cache_key(seqs, model, model_name), model_name, stored, topk,
+                                    run, build_batch_tokens, progress)
+        self._store = FeatureStore(self.path)
+        self._tap_index = [self._store.layers.index(i) for i in self.layers]
         self.seqs = seqs
 
     @torch.no_grad()
     def teach(self, indices: list[int], rows: list[list[int]]) -> tuple[torch.Tensor, TopKTargets]:
         seqs = [self.seqs[i] for i in indices]
         dev = self.model.device
-        taps = [self._file.get_tensor(f"s{i}")[:, self._tap_index].to(dev) for i in indices]  # [L, taps, H]
+        taps = [self._store.hidden(i)[:, self._tap_index].to(dev) for i in indices]  # [L, taps, H]
         parts = []
         for i, seq, r in zip(indices, seqs, rows):
             local = torch.tensor(r, dtype=torch.long) - seq.prompt_len
             if len(r) and (int(local.min()) < 0 or int(local.max()) >= len(seq.tokens) - 1 - seq.prompt_len):
                 raise ValueError(f"rows {r} of sequence {i} lie outside its cached response rows")
-            ids = self._file.get_slice(f"ids{i}")[:].index_select(0, local)
-            probs = self._file.get_slice(f"probs{i}")[:].index_select(0, local)
-            parts.append(TopKTargets(ids.long().to(dev), probs.float().to(dev)))
+            ids, probs = self._store.topk(i)
+            parts.append(TopKTargets(ids.index_select(0, local).long().to(dev),
+                                     probs.index_select(0, local).float().to(dev)))
         return pad_hidden(taps, max(len(s.tokens) for s in seqs)), TopKTargets.cat(parts)
-
-
-def _cache_key(seqs: list[TrainSequence], model: Transformer, model_name: str) -> str:
-    meta = f"{sequences_digest(seqs)}|{model_name}|{model.cfg.num_layers}|{model.cfg.hidden_size}|{model.dtype}"
-    return hashlib.sha256(meta.encode()).hexdigest()[:16]
-
-
-def find_cache(cache_dir: str | Path, seqs: list[TrainSequence], model: Transformer, model_name: str,
-               needed: list[int], topk: int = DEFAULT_TOPK) -> Path | None:
-    """A cache file for these sequences and this target holding every `needed` layer and
-    the top-`topk` of p."""
-    key = _cache_key(seqs, model, model_name)
-    for path in sorted(Path(cache_dir).glob(f"features-{key}-*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata()
-            if set(needed) <= set(json.loads(meta["layers"])) and int(meta.get("topk", -1)) == topk:
-                return path
-    return None
-
-
-def build_cache(model: Transformer, seqs: list[TrainSequence], cache_dir: str | Path, model_name: str,
-                layers: list[int], batch_tokens: int = 2048, progress: bool = True,
-                topk: int = DEFAULT_TOPK) -> Path:
-    """Run the target over every sequence once; store per sequence i `s{i}` (the
-    `layers`' hidden states [L, layers, H]), `ids{i}` (int32) and `probs{i}` (fp16):
-    the top-k of p at the response rows prompt_len .. L-2 (the rows whose next token
-    is a response token)."""
-    from tqdm import tqdm
-
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(seqs, model, model_name)
-    path = cache_dir / f"features-{key}-{'_'.join(map(str, layers))}-top{topk}.safetensors"
-    runner = OnTheFlyTeacher(model, layers)
-    tensors: dict[str, torch.Tensor] = {}
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))  # similar lengths batch well
-    bar = tqdm(total=sum(len(s.tokens) for s in seqs), unit="tok", desc="feature cache", disable=not progress,
-               dynamic_ncols=True)
-    i = 0
-    while i < len(order):
-        group = [order[i]]
-        while i + len(group) < len(order) and (len(group) + 1) * len(seqs[order[i + len(group)]].tokens) <= batch_tokens:
-            group.append(order[i + len(group)])
-        rows = [list(range(seqs[j].prompt_len, len(seqs[j].tokens) - 1)) for j in group]
-        parts, logits = runner.run([seqs[j].tokens for j in group], layers, rows)
-        at = 0
-        for j, h, r in zip(group, parts, rows):
-            tensors[f"s{j}"] = h.cpu().contiguous()
-            top = TopKTargets.of_logits(logits[at : at + len(r)], topk)
-            at += len(r)
-            tensors[f"ids{j}"] = top.ids.to(torch.int32).cpu().contiguous()
-            tensors[f"probs{j}"] = top.probs.to(torch.float16).cpu().contiguous()
-            bar.update(h.shape[0])
-        i += len(group)
-    bar.close()
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"layers": json.dumps(layers), "model": model_name,
-                                           "num_sequences": str(len(seqs)), "topk": str(topk)})
-    tmp.replace(path)
-    return path
