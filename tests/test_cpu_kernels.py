@@ -251,7 +251,7 @@ def test_native_stack_gives_the_layer_by_layer_bits(tiny_hf, monkeypatch):
     """A bf16w model's decoder layers in one native call (native_stack.py) against the
     same model layer by layer: logits, tapped hidden states (with and without the
     embeddings) and the KV cache bit for bit, over a prefill beside a decode and a
-    verification beside a decode. Qwen3's per-head q/k norms keep the layer path."""
+    verification beside a decode, Qwen3's per-head q/k norms included."""
     kind, path, _ = tiny_hf
     model = load_transformer(path, "bf16w")
 
@@ -273,6 +273,6 @@ def test_native_stack_gives_the_layer_by_layer_bits(tiny_hf, monkeypatch):
     layered, none = run(False)
     stacked, stack = run(True)
     assert none is None
-    assert (stack is None) == (kind == "qwen3")
+    assert stack is not None
     for want, got in zip(layered, stacked):
         assert torch.equal(want, got)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from dspark.runtime.model import RMSNorm
+from dspark.runtime.native_stack import NativeStack
 from dspark.runtime.weight_formats import linear_input_dtype
 
 from .base import DraftOutput, DraftRequest, choose_tokens
@@ -141,6 +142,38 @@ class DSparkDrafter(KVDrafter):
         conf = self.confidence_head.logit(hidden, latent) if self.confidence_head is not None else None
         return logits, conf
 
+    def _native_backbone(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                         lens: list[int]) -> torch.Tensor | None:
+        """`run_backbone` over the pool in one native call (runtime/native_stack.py), for
+        a bf16w drafter on a CPU; None where it does not apply. The block's keys and
+        values are written to the slot past its context (the next `append_context`
+        overwrites them) and every block query sees the context and the whole block."""
+        stack = self._stack()
+        q = x.shape[1]
+        if stack is None or x.dtype != torch.float32 or max(lens) + q > self.pool.max_len:
+            return None
+        r, hidden = x.shape[0], x.shape[2]
+        pos = positions.reshape(-1)
+        cos, sin = self.rotary(pos, x.dtype)
+        visible = (torch.tensor(lens, dtype=torch.int64) + q).repeat_interleave(q)
+        out, _ = stack.run(x.reshape(r * q, hidden), cos, sin, self.pool, slots.repeat_interleave(q), pos, [],
+                           visible=visible)
+        return out.view(r, q, hidden)
+
+    def _stack(self) -> NativeStack | None:
+        """The backbone's native stack, built on first use for the drafter's current
+        weights (its linears become bf16w once, when an engine loads it)."""
+        pool, weights = self.pool, self.layers[0].self_attn.q_proj.__dict__.get("forward")
+        key = self.__dict__.get("_stack_key")
+        if key is None or key[0] is not pool or key[1] is not weights:
+            self._stack_key = (pool, weights)
+            k = pool.k[0]
+            ok = (self.dtype == torch.float32 and self.device.type == "cpu" and k.dtype == torch.float32
+                  and k.is_contiguous())
+            self._native_stack = (NativeStack.for_drafter_layers(self.layer_config, self.layers, self.fc,
+                                                                 self.hidden_norm) if ok else None)
+        return self._native_stack
+
     # --- drafter interface -----------------------------------------------------------
     def _truncate_slot(self, slot: int, length: int) -> None:
         self.pool.truncate(slot, length)
@@ -154,7 +187,11 @@ class DSparkDrafter(KVDrafter):
         hidden: torch.Tensor,
     ) -> None:
         _, token_slots, positions, hidden = self._claim_context(request_ids, tokens, start_positions, hidden)
-        if token_slots.numel():
+        stack = self._stack() if token_slots.numel() else None
+        if stack is not None:
+            cos, sin = self.rotary(positions, torch.float32)
+            stack.context_kv(hidden.flatten(-2), cos, sin, self.pool, token_slots, positions)
+        elif token_slots.numel():
             feats = self.context_features(hidden)  # [N, hidden]
             cos, sin = self.rotary(positions, feats.dtype)
             for i, layer in enumerate(self.layers):
@@ -183,13 +220,16 @@ class DSparkDrafter(KVDrafter):
         anchors = torch.tensor([req.anchor_token for req in requests], dtype=torch.long, device=dev)  # [R]
         x = self.target.embed(self.block_token_ids(anchors), self.dtype)  # [R, Q, hidden]
         positions = torch.tensor(lens, device=dev).unsqueeze(1) + torch.arange(q, device=dev)  # [R, Q]
-        kmax = max(lens)
         slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
-        context = [(gather_past(self.pool.k[i], slot_t, lens, kmax), gather_past(self.pool.v[i], slot_t, lens, kmax))
-                   for i in range(len(self.layers))]
-        mask = attention_mask(lens, [q] * r, kmax, q, causal=False, device=dev)
+        out = self._native_backbone(x, positions, slot_t, lens)
+        if out is None:
+            kmax = max(lens)
+            context = [(gather_past(self.pool.k[i], slot_t, lens, kmax),
+                        gather_past(self.pool.v[i], slot_t, lens, kmax)) for i in range(len(self.layers))]
+            mask = attention_mask(lens, [q] * r, kmax, q, causal=False, device=dev)
+            out = self.run_backbone(x, positions, context, mask)
         first = self.config.first_draft_slot
-        h = self.norm(self.run_backbone(x, positions, context, mask)[:, first : first + num_tokens])  # [R, n, hidden]
+        h = self.norm(out[:, first : first + num_tokens])  # [R, n, hidden]
         base = self.head_logits(h)  # [R, n, draft vocab]
         if lookup is not None:
             look_tok, look_conf = _lookup_tensors(lookup, num_tokens, dev)

@@ -7,6 +7,9 @@ cores. `NativeStack` hands the kernel every layer's packed weights and cache at 
 the kernel runs the same kernels in the same order, so the result is bit for bit the
 layer-by-layer one (tests/test_cpu_kernels.py). `DSPARK_NO_NATIVE_STACK=1` keeps the
 layer-by-layer path (for comparisons).
+
+A drafter's block runs through the same kernel (`for_drafter_layers`): its queries
+attend to the request's context keys and to the whole block, not causally (`visible`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from . import cpu_kernels
 from .weight_formats import _Bf16WeightLinearForward
 
 #: per layer, in the order kernels/decoder_f32.c reads them
-_PTRS = ("qkv_w", "qkv_b", "o_w", "gu_w", "down_w", "ln1", "ln2", "k_cache", "v_cache")
+_PTRS = ("qkv_w", "qkv_b", "o_w", "gu_w", "down_w", "ln1", "ln2", "k_cache", "v_cache", "q_norm", "k_norm")
+_K_CACHE, _V_CACHE = _PTRS.index("k_cache"), _PTRS.index("v_cache")
 
 
 def _packed(mod: nn.Linear) -> torch.Tensor | None:
@@ -30,69 +34,127 @@ def _packed(mod: nn.Linear) -> torch.Tensor | None:
     return fwd.packed.data if isinstance(fwd, _Bf16WeightLinearForward) else None
 
 
-class NativeStack:
-    """Runs `layers` (DecoderLayer modules of one model, every linear bf16w) in one
-    call. Build with `for_layers`, which returns None where the kernel does not apply."""
+def _fp32_norm(norm: nn.Module | None) -> bool:
+    w = None if norm is None else norm.weight
+    return w is None or (w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous())
 
-    def __init__(self, layers: nn.ModuleList, lib: ctypes.CDLL) -> None:
-        cfg = layers[0].cfg
+
+class NativeStack:
+    """Runs a model's decoder layers in one call. Build with `for_layers` (the runtime's
+    `DecoderLayer`s) or `for_drafter_layers` (a drafter's `DrafterLayer`s), which return
+    None where the kernel does not apply."""
+
+    def __init__(self, cfg, parts: list[dict], lib: ctypes.CDLL) -> None:
+        """parts: per layer, the packed panels "qkv", "o", "gu", "down" (bf16), the fp32
+        "qkv_b" (or None), "ln1", "ln2" and the per-head "q_norm", "k_norm" (or None)."""
         self.cfg, self.lib = cfg, lib
+        self._context = None  # a drafter's (fc panels, hidden_norm weight, tap width)
         self._keep: list[torch.Tensor] = []  # tensors whose addresses the kernel gets
         rows = []
-        for layer in layers:
-            bias = layer.qkv_proj.bias
-            if bias is not None:
-                bias = bias.detach().to(torch.float32).contiguous()
-                self._keep.append(bias)
-            ln1 = layer.input_layernorm.weight.detach()
-            ln2 = layer.post_attention_layernorm.weight.detach()
-            weights = [_packed(layer.qkv_proj), _packed(layer.o_proj), _packed(layer.gate_up_proj),
-                       _packed(layer.down_proj)]
-            self._keep += [*weights, ln1, ln2]
-            rows.append([weights[0].data_ptr(), 0 if bias is None else bias.data_ptr(), weights[1].data_ptr(),
-                         weights[2].data_ptr(), weights[3].data_ptr(), ln1.data_ptr(), ln2.data_ptr(), 0, 0])
+        for p in parts:
+            p = {k: (None if v is None else v.detach().contiguous()) for k, v in p.items()}
+            self._keep += [v for v in p.values() if v is not None]
+            ptr = {k: 0 if v is None else v.data_ptr() for k, v in p.items()}
+            rows.append([ptr["qkv"], ptr["qkv_b"], ptr["o"], ptr["gu"], ptr["down"], ptr["ln1"], ptr["ln2"], 0, 0,
+                         ptr["q_norm"], ptr["k_norm"]])
         self.ptrs = torch.tensor(rows, dtype=torch.int64)
         self._cache: weakref.ref | None = None
         self._cols: tuple[tuple, torch.Tensor | None] = ((None,), None)  # tap layers -> column per layer
         fn = lib.dspark_decoder_bf16w
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 8
-                       + [ctypes.c_void_p] * 4 + [ctypes.c_float] * 2 + [ctypes.c_void_p] * 3
+                       + [ctypes.c_void_p] * 5 + [ctypes.c_float] * 2 + [ctypes.c_void_p] * 3
                        + [ctypes.c_int64, ctypes.c_int])
         fn.restype = ctypes.c_int
 
+    @staticmethod
+    def _lib() -> ctypes.CDLL | None:
+        lib = cpu_kernels.load()
+        return None if lib is None or os.environ.get("DSPARK_NO_NATIVE_STACK") else lib
+
     @classmethod
     def for_layers(cls, layers: nn.ModuleList) -> "NativeStack | None":
-        """A stack for these layers, or None: no native kernels, `DSPARK_NO_NATIVE_STACK`
-        set, a linear not bf16w, a norm not fp32, per-head q/k norms, or a bias the
+        """A stack for the runtime's decoder layers, or None: no native kernels,
+        `DSPARK_NO_NATIVE_STACK` set, a linear not bf16w, a norm not fp32, or a bias the
         kernel does not take (only the qkv projection may have one)."""
-        lib = cpu_kernels.load()
-        if lib is None or os.environ.get("DSPARK_NO_NATIVE_STACK") or not len(layers):
+        lib = cls._lib()
+        if lib is None or not len(layers):
             return None
+        parts = []
         for layer in layers:
-            if layer.cfg.qk_norm or any(b is not None for b in (layer.o_proj.bias, layer.gate_up_proj.bias,
-                                                                layer.down_proj.bias)):
+            if any(b is not None for b in (layer.o_proj.bias, layer.gate_up_proj.bias, layer.down_proj.bias)):
                 return None
-            if any(_packed(m) is None for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                layer.down_proj)):
+            weights = [_packed(m) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+            norms = [layer.input_layernorm, layer.post_attention_layernorm, getattr(layer, "q_norm", None),
+                     getattr(layer, "k_norm", None)]
+            if any(w is None for w in weights) or not all(map(_fp32_norm, norms)):
                 return None
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                w = norm.weight
-                if w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
-                    return None
-        return cls(layers, lib)
+            bias = layer.qkv_proj.bias
+            parts.append(dict(zip(("qkv", "o", "gu", "down"), weights),
+                              qkv_b=None if bias is None else bias.to(torch.float32),
+                              **dict(zip(("ln1", "ln2", "q_norm", "k_norm"),
+                                         (None if n is None else n.weight for n in norms)))))
+        return cls(layers[0].cfg, parts, lib)
+
+    @classmethod
+    def for_drafter_layers(cls, cfg, layers: nn.ModuleList, fc: nn.Linear | None = None,
+                           hidden_norm: nn.Module | None = None) -> "NativeStack | None":
+        """A stack for a drafter's layers (`drafters.layers.DrafterLayer`, separate
+        q/k/v and gate/up projections, packed here side by side), or None as above.
+        The packed panels are 16 columns wide and every projection's width a multiple
+        of 16, so the fused matmul gives each column the bits of the separate one.
+        With `fc` and `hidden_norm` (a KV-injecting drafter's context projection),
+        `context_kv` writes context keys and values too."""
+        lib = cls._lib()
+        if lib is None or not len(layers) or cfg.head_dim % 8:
+            return None
+        context = None
+        if fc is not None:
+            if fc.bias is not None or _packed(fc) is None or fc.out_features % 16 or not _fp32_norm(hidden_norm):
+                return None
+            context = (_packed(fc), hidden_norm.weight.detach().contiguous(), fc.in_features)
+        parts = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            lins = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            norms = [layer.input_layernorm, layer.post_attention_layernorm, getattr(attn, "q_norm", None),
+                     getattr(attn, "k_norm", None)]
+            if (any(_packed(m) is None or m.out_features % 16 for m in lins) or not all(map(_fp32_norm, norms))
+                    or any(m.bias is not None for m in lins[3:])):
+                return None
+            qkv = lins[:3]
+            bias = None
+            if any(m.bias is not None for m in qkv):
+                bias = torch.cat([m.bias.float() if m.bias is not None else m.weight.new_zeros(m.out_features,
+                                  dtype=torch.float32) for m in qkv])
+            parts.append(dict(qkv=torch.cat([_packed(m) for m in qkv]), qkv_b=bias, o=_packed(attn.o_proj),
+                              gu=torch.cat([_packed(mlp.gate_proj), _packed(mlp.up_proj)]), down=_packed(mlp.down_proj),
+                              **dict(zip(("ln1", "ln2", "q_norm", "k_norm"),
+                                         (None if n is None else n.weight for n in norms)))))
+        stack = cls(cfg, parts, lib)
+        stack._context = context
+        if context is not None:
+            fn = lib.dspark_drafter_context_bf16w
+            fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3
+                           + [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+            fn.restype = ctypes.c_int
+        return stack
 
     def _bind(self, cache) -> None:
         if self._cache is not None and self._cache() is cache:
             return
-        self.ptrs[:, 7] = torch.tensor([k.data_ptr() for k in cache.k], dtype=torch.int64)
-        self.ptrs[:, 8] = torch.tensor([v.data_ptr() for v in cache.v], dtype=torch.int64)
+        self.ptrs[:, _K_CACHE] = torch.tensor([k.data_ptr() for k in cache.k], dtype=torch.int64)
+        self.ptrs[:, _V_CACHE] = torch.tensor([v.data_ptr() for v in cache.v], dtype=torch.int64)
         self._cache = weakref.ref(cache)
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, token_slots: torch.Tensor,
-            positions: torch.Tensor, tap_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, hidden] (fp32, the embeddings; not modified) through every layer.
-        Returns (the last layer's output, taps [N, len(tap_layers), hidden]: the output
-        of each layer in `tap_layers`, distinct indices >= 0)."""
+            positions: torch.Tensor, tap_layers: list[int],
+            visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] (fp32, the embeddings; not modified) through every layer; each
+        token's keys and values go to the cache at (its slot, its position) and it
+        attends to keys 0..position (causal) or, given `visible` [N], to the first
+        visible[t] keys of its slot (a drafter's block sees all of itself). Returns (the
+        last layer's output, taps [N, len(tap_layers), hidden]: the output of each
+        layer in `tap_layers`, distinct indices >= 0)."""
         cfg = self.cfg
         n, hidden = x.shape
         s, kvh, length, d = cache.k[0].shape
@@ -113,9 +175,36 @@ class NativeStack:
         cos, sin = cos.contiguous(), sin.contiguous()
         slots = token_slots.to(torch.int64).contiguous()
         pos = positions.to(torch.int64).contiguous()
+        vis = None if visible is None else visible.to(torch.int64).contiguous()
         if self.lib.dspark_decoder_bf16w(
                 x.data_ptr(), n, self.ptrs.data_ptr(), len(self.ptrs), hidden, cfg.num_heads, kvh, d, inter, s,
-                length, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), pos.data_ptr(), cfg.rms_norm_eps,
+                length, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), pos.data_ptr(),
+                None if vis is None else vis.data_ptr(), cfg.rms_norm_eps,
                 d ** -0.5, scratch.data_ptr(), taps.data_ptr(), cols.data_ptr(), ntaps, torch.get_num_threads()):
             raise IndexError(f"attention: a slot or position is outside the cache ({s} slots, {length} positions)")
         return x, taps
+
+    def context_kv(self, taps: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, token_slots: torch.Tensor,
+                   positions: torch.Tensor) -> None:
+        """A KV-injecting drafter's context: taps [N, tap width] (fp32, the target's
+        tapped hidden states side by side) -> every layer's keys and values of
+        hidden_norm(fc(taps)), written to the cache at (slot, position) per token.
+        Needs a stack built with `fc` and `hidden_norm`."""
+        fc, hn, width = self._context
+        cfg = self.cfg
+        n = taps.shape[0]
+        s, kvh, length, d = cache.k[0].shape
+        self._bind(cache)
+        taps = taps.to(torch.float32).contiguous()
+        if taps.shape[1] != width:
+            raise ValueError(f"context_kv: taps have {taps.shape[1]} features, fc takes {width}")
+        hidden = hn.shape[0]
+        scratch = taps.new_empty(n * (2 * hidden + 2 * kvh * d))
+        cos, sin = cos.contiguous(), sin.contiguous()
+        slots = token_slots.to(torch.int64).contiguous()
+        pos = positions.to(torch.int64).contiguous()
+        if self.lib.dspark_drafter_context_bf16w(
+                taps.data_ptr(), n, width, fc.data_ptr(), hn.data_ptr(), self.ptrs.data_ptr(), len(self.ptrs),
+                hidden, cfg.num_heads, kvh, d, s, length, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+                pos.data_ptr(), cfg.rms_norm_eps, scratch.data_ptr(), torch.get_num_threads()):
+            raise IndexError(f"context_kv: a slot or position is outside the cache ({s} slots, {length} positions)")

@@ -91,16 +91,18 @@ static void attend_group(const float *q, const float *keys, const float *values,
 
 /* qkv [N, row]: each token's H query heads, then its KVH keys, then its KVH values,
  * D floats each (row >= (H + 2 KVH) D); caches [S, KVH, L, D]; slots, positions [N];
- * out [N, H, D]. A token attends to keys 0..positions[t] of slot slots[t].
- * Returns 0, or -1 (nothing written) when a slot or a position is out of range. */
-int dspark_attention_f32(const float *qkv, int64_t row, float *k_cache, float *v_cache, const int64_t *slots, const int64_t *positions, float *out,
-                          int64_t N, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t L,
-                         float scale, int threads) {
+ * out [N, H, D]. A token's key and value go to (slots[t], positions[t]); it attends to
+ * keys 0..visible[t]-1 of its slot, or 0..positions[t] (causal) when `visible` is NULL.
+ * Returns 0, or -1 (nothing written) when a slot, a position or a span is out of range. */
+int dspark_attention_f32_span(const float *qkv, int64_t row, float *k_cache, float *v_cache, const int64_t *slots,
+                              const int64_t *positions, const int64_t *visible, float *out, int64_t N, int64_t S,
+                              int64_t H, int64_t KVH, int64_t D, int64_t L, float scale, int threads) {
     const int64_t g = H / KVH;
     int64_t longest = 0;
     for (int64_t t = 0; t < N; t++) {
-        if (slots[t] < 0 || slots[t] >= S || positions[t] < 0 || positions[t] >= L) return -1;
-        longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
+        const int64_t n = visible ? visible[t] : positions[t] + 1;
+        if (slots[t] < 0 || slots[t] >= S || positions[t] < 0 || positions[t] >= L || n < 1 || n > L) return -1;
+        longest = n > longest ? n : longest;
     }
     const int64_t items = N * KVH;
     if (threads < 1) threads = 1;
@@ -119,9 +121,17 @@ int dspark_attention_f32(const float *qkv, int64_t row, float *k_cache, float *v
             const int64_t t = it / KVH, kh = it % KVH;
             const int64_t base = (slots[t] * KVH + kh) * L * D;
             attend_group(qkv + t * row + kh * g * D, k_cache + base, v_cache + base, out + (t * H + kh * g) * D, g,
-                         positions[t] + 1, D, scale, w);
+                         visible ? visible[t] : positions[t] + 1, D, scale, w);
         }
         free(w);
     }
     return 0;
+}
+
+/* Causal: `dspark_attention_f32_span` with each token seeing keys 0..positions[t]. */
+int dspark_attention_f32(const float *qkv, int64_t row, float *k_cache, float *v_cache, const int64_t *slots,
+                         const int64_t *positions, float *out, int64_t N, int64_t S, int64_t H, int64_t KVH,
+                         int64_t D, int64_t L, float scale, int threads) {
+    return dspark_attention_f32_span(qkv, row, k_cache, v_cache, slots, positions, 0, out, N, S, H, KVH, D, L,
+                                     scale, threads);
 }

@@ -9,6 +9,9 @@ void dspark_gemm_bf16w_packed(const float *x, const uint16_t *wp, const float *b
 int dspark_attention_f32(const float *qkv, int64_t row, float *k_cache, float *v_cache, const int64_t *slots,
                          const int64_t *positions, float *out, int64_t N, int64_t S, int64_t H, int64_t KVH,
                          int64_t D, int64_t L, float scale, int threads);
+int dspark_attention_f32_span(const float *qkv, int64_t row, float *k_cache, float *v_cache, const int64_t *slots,
+                              const int64_t *positions, const int64_t *visible, float *out, int64_t N, int64_t S,
+                              int64_t H, int64_t KVH, int64_t D, int64_t L, float scale, int threads);
 void dspark_rmsnorm_f32(const float *x, const float *w, float *out, int64_t M, int64_t K, float eps, int threads);
 void dspark_silu_mul_f32(const float *gu, float *out, int64_t M, int64_t I, int threads);
 void dspark_rope_f32(float *x, int64_t row, const float *cos, const float *sin, int64_t N, int64_t heads,

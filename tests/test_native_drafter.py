@@ -1,0 +1,74 @@
+"""A bf16w DSpark drafter's block and context through the native decoder kernel
+(runtime/native_stack.py, `for_drafter_layers`) against its torch path: the same
+drafted tokens, logits and confidences to fp32 rounding, the same context keys and
+values in the pool, and (through an engine) the same greedy output and rounds."""
+
+import pytest
+import torch
+
+from dspark.drafters.base import DraftRequest
+from dspark.engine.config import SpeculativeConfig
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.sampling import SamplingParams
+
+PROMPTS = ["Write a Python function that reverses a string.", "How many legs do three spiders have?"]
+
+
+def _engine(target, native: bool, monkeypatch):
+    engine = LLMEngine(target, SpeculativeConfig(method="dspark", num_speculative_tokens=3),
+                       EngineConfig(max_num_seqs=2, max_model_len=512))
+    drafter = engine.runner.drafter
+    if not native:
+        monkeypatch.setattr(drafter, "_stack", lambda: None)
+    return engine, drafter
+
+
+def test_native_drafter_block_and_context_equal_the_torch_path(default_target_bf16w, monkeypatch):
+    target = default_target_bf16w
+    runs = {}
+    for native in (True, False):
+        engine, drafter = _engine(target, native, monkeypatch)
+        seqs = [engine.add_request(target.tokenizer.chat_prompt(p), SamplingParams(max_tokens=40, ignore_eos=True))
+                for p in PROMPTS]
+        steps = 0
+        while not all(s.is_finished for s in seqs):
+            if steps == 6:  # mid-stream: both requests live, contexts of different lengths
+                ids = [s.request_id for s in seqs]
+                slots = [drafter.slot(i) for i in ids]
+                lens = [drafter.context_length(i) for i in ids]
+                kv = [t[s, :, :n].clone() for t in (*drafter.pool.k, *drafter.pool.v) for s, n in zip(slots, lens)]
+                reqs = [DraftRequest(i, 16 + j, n, SamplingParams(), None) for j, (i, n) in enumerate(zip(ids, lens))]
+                block = drafter.draft(reqs, 7)
+            engine.step()
+            steps += 1
+        runs[native] = ([s.output_ids for s in seqs], steps, kv, block, drafter.__dict__.get("_native_stack"))
+    (out_n, steps_n, kv_n, block_n, stack), (out_t, steps_t, kv_t, block_t, _) = runs[True], runs[False]
+    assert stack is not None and stack._context is not None  # the native path did run
+    assert out_n == out_t  # exact either way: verification decides
+    assert steps_n == steps_t
+    for a, b in zip(kv_n, kv_t):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert torch.equal(block_n.tokens, block_t.tokens)
+    finite = torch.isfinite(block_t.logits)
+    assert torch.equal(finite, torch.isfinite(block_n.logits))
+    torch.testing.assert_close(block_n.logits[finite], block_t.logits[finite], atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(block_n.confidence, block_t.confidence, atol=1e-5, rtol=1e-4)
+
+
+def test_native_drafter_leaves_a_block_without_room_to_torch(default_target_bf16w, monkeypatch):
+    """A context too close to the pool's end for the block falls back to the torch
+    path (the kernel writes the block's keys past the context)."""
+    engine, drafter = _engine(default_target_bf16w, True, monkeypatch)
+    calls = []
+    real = drafter.run_backbone
+    monkeypatch.setattr(drafter, "run_backbone", lambda *a, **k: calls.append(1) or real(*a, **k))
+    seq = engine.add_request([1, 2, 3, 4], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()
+    assert not calls
+    rid = seq.request_id
+    n = drafter.context_length(rid)
+    max_len = drafter.pool.max_len
+    drafter.pool.lengths[drafter.slot(rid)] = drafter._context_len[drafter.slot(rid)] = max_len - 3
+    drafter.draft([DraftRequest(rid, 5, max_len - 3, SamplingParams(), None)], 3)
+    assert calls == [1]
+    assert n < max_len - 3
