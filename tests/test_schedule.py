@@ -311,8 +311,9 @@ def test_make_policy():
     assert make_policy("fixed", num_speculative_tokens=3).choose(np.ones((2, 5))) == [3, 3]
     assert make_policy("threshold", threshold=0.7).tau == 0.7
     assert isinstance(make_policy("dspark-sync", table=table), DSparkSync)
-    policy = make_policy("dspark-async", table=table, num_speculative_tokens=2, lag=3)
+    policy = make_policy("dspark-async", table=table, num_speculative_tokens=2, lag=3, warmup_length=2)
     assert isinstance(policy, DSparkAsync) and policy.lag == 3 and policy.warmup_length == 2
+    assert make_policy("dspark-async", table=table, num_speculative_tokens=2).warmup_length is None
     assert set(POLICY_NAMES) == {"none", "fixed", "threshold", "dspark-sync", "dspark-async"}
     with pytest.raises(ScheduleError, match="unknown verification policy 'eagle'.*dspark-async"):
         make_policy("eagle")
@@ -445,13 +446,31 @@ def test_lossless_policies_keep_the_target_distribution(make, table, seed, used)
     assert chi_square_p_value(joint) > 1e-3
 
 
+def test_async_first_budgets_come_from_a_prior_not_every_drafted_token():
+    """Before `lag` steps are seen, the budget is priced on the prior profile: at one
+    request on a flat curve, verification pays; at sixteen requests past the curve's
+    knee, the first step verifies a few tokens, not all 16 x 7 drafted ones."""
+    table = StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=1.0, max_tokens=256)
+    one = DSparkAsync(table, lag=2)
+    assert sum(one.choose(survival_from([[0.9] * 7]))) >= 2
+    many = DSparkAsync(table, lag=2)
+    first = many.choose(survival_from([[0.9] * 7] * 16))
+    assert sum(first) < 16
+    fixed = DSparkAsync(table, lag=2, warmup_length=3)  # an explicit warm-up length stays as it was
+    assert fixed.choose(survival_from([[0.9] * 7] * 16)) == [3] * 16
+
+
 def test_async_skips_the_drafter_while_it_does_not_pay_and_probes():
     # drafting costs 30 ms on a 10 ms target step: worth it only with confident drafts
     table = StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=1.0, max_tokens=64, drafter_ms=30.0)
     doubtful = survival_from([[0.2] * 4] * 2)
     confident = survival_from([[0.99] * 4] * 2)
+    # nothing seen yet: the prior profile (survival 0.5**k) decides, and a 30 ms drafter
+    # does not pay for it on a 10 ms step, where a 1 ms one does
+    assert not DSparkAsync(table, lag=1, probe_every=3).should_draft(2, 4)
+    cheap = StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=1.0, max_tokens=64, drafter_ms=1.0)
+    assert DSparkAsync(cheap, lag=1, probe_every=3).should_draft(2, 4)
     policy = DSparkAsync(table, lag=1, probe_every=3)
-    assert policy.should_draft(2, 4)  # nothing seen yet
     policy.choose(doubtful)
     decisions = [policy.should_draft(2, 4) for _ in range(60)]
     # probes after 3 skipped steps, then 6, 12, 24 (the cap, 8 x 3), 24

@@ -223,8 +223,11 @@ class DSparkAsync(VerifyLengthPolicy):
     expected(B) = R * (1 + g(B / R)), i.e. the lagged step's survival profile scaled
     to the current batch; with an unchanged batch this is exactly its top-B sum.
 
-    Until `lag` steps have been seen the budget is `warmup_length` tokens per request
-    (None: all drafted tokens), the plain fixed-length behaviour. Steps without
+    Until `lag` steps have been seen, the budget is `warmup_length` tokens per request
+    (the plain fixed-length behaviour) or, with `warmup_length` None, priced as above
+    on a prior profile in place of the lagged step: survival `WARMUP_SURVIVAL`**k at
+    position k (about what the drafters accept; verifying every drafted token of a
+    first step of sixteen requests would cost several plain steps). Steps without
     requests or drafts are not recorded. `last_budget` is the B of the latest step.
 
     Skipping the drafter. Drafting itself costs time (the table's drafter curve). When
@@ -240,6 +243,9 @@ class DSparkAsync(VerifyLengthPolicy):
     """
 
     name = "dspark-async"
+
+    #: the prior per-position acceptance behind the first `lag` steps' budgets
+    WARMUP_SURVIVAL = 0.5
 
     def __init__(
         self, table: StepTimeTable, lag: int = 2, warmup_length: int | None = None, probe_every: int = 8
@@ -266,6 +272,7 @@ class DSparkAsync(VerifyLengthPolicy):
         # per recorded step: (cumulative survival per request at 0..R'*G' admitted entries, R')
         self._history: deque[tuple[np.ndarray, int]] = deque(maxlen=lag)
         self.last_budget: int | None = None
+        self._prior: tuple[np.ndarray, int] | None = None
 
     def reset(self) -> None:
         self._history.clear()
@@ -278,10 +285,10 @@ class DSparkAsync(VerifyLengthPolicy):
         """Expected tokens per second at every budget 0..R*G, drafter cost included,
         from the step `lag` back (which must exist). `should_draft` and `budget` of one
         step ask for the same rates; they are computed once."""
-        key, lagged = (num_requests, num_drafted, self.table.version), self._history[0]
+        key, lagged = (num_requests, num_drafted, self.table.version), self._lagged(num_drafted)
         if self._rates_cache is not None and self._rates_cache[0] == key and self._rates_cache[1] is lagged:
             return self._rates_cache[2]
-        cum_gain, lagged_requests = self._history[0]  # [R'*G'+1], R'
+        cum_gain, lagged_requests = lagged  # [R'*G'+1], R'
         budgets = np.arange(num_requests * num_drafted + 1)  # [R*G+1]
         entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
         per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
@@ -290,16 +297,27 @@ class DSparkAsync(VerifyLengthPolicy):
         self._rates_cache = (key, lagged, rates)
         return rates
 
+    def _lagged(self, num_drafted: int) -> tuple[np.ndarray, int]:
+        """The step `lag` back, or before there is one, the prior profile of one request."""
+        if len(self._history) >= self.lag:
+            return self._history[0]
+        if self._prior is None or self._prior[0].size != num_drafted + 1:
+            gains = self.WARMUP_SURVIVAL ** np.arange(1, num_drafted + 1)
+            self._prior = (np.concatenate(([0.0], np.cumsum(gains))), 1)
+        return self._prior
+
+    def _warming(self) -> bool:
+        return len(self._history) < self.lag and self.warmup_length is not None
+
     def budget(self, num_requests: int, num_drafted: int) -> int:
         """B for a step of `num_requests` x `num_drafted`, from the step `lag` back."""
-        if len(self._history) < self.lag:
-            per_request = num_drafted if self.warmup_length is None else min(self.warmup_length, num_drafted)
-            return num_requests * per_request
+        if self._warming():
+            return num_requests * min(self.warmup_length, num_drafted)
         return int(self._rates(num_requests, num_drafted).argmax())  # first maximum: the cheapest
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
         self.probing = False
-        if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or len(self._history) < self.lag:
+        if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or self._warming():
             return True
         plain = num_requests / self.table.target_time(num_requests)
         if self._rates(num_requests, num_drafted).max() > plain:
@@ -356,11 +374,13 @@ def make_policy(
     threshold: float = 0.5,
     lag: int = 2,
     probe_every: int = 8,
+    warmup_length: int | None = None,
 ) -> VerifyLengthPolicy:
     """The policy called `name` (one of POLICY_NAMES).
 
-    num_speculative_tokens: the fixed length for `fixed` and the warm-up length for
-    `dspark-async` (None: every drafted token). threshold: the survival threshold of `threshold`.
+    num_speculative_tokens: the fixed length for `fixed`. warmup_length: `dspark-async`'s
+    tokens per request before it has seen `lag` steps (None: priced on its prior
+    profile). threshold: the survival threshold of `threshold`.
     lag: how many steps old the survivals behind `dspark-async`'s budget are.
     probe_every: `dspark-async` skips the drafter while it does not pay and drafts
     every probe_every-th such step anyway (0: never skip).
@@ -375,5 +395,5 @@ def make_policy(
     if name == "dspark-sync":
         return DSparkSync(_check_table(table, name))
     if name == "dspark-async":
-        return DSparkAsync(_check_table(table, name), lag=lag, warmup_length=num_speculative_tokens, probe_every=probe_every)
+        return DSparkAsync(_check_table(table, name), lag=lag, warmup_length=warmup_length, probe_every=probe_every)
     raise ScheduleError(f"unknown verification policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
