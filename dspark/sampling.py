@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark.errors import UserError
+from dspark.runtime.cpu_kernels import argmax_rows
 
 
 class SamplingError(UserError, ValueError):
@@ -98,7 +99,7 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     logits) and one float64 uniform from the row's own generator, so a row's draw
     does not depend on the other rows of the batch. The one sampler of the engine's
     drafters and of the plain reference loop. Returns [R] int64."""
-    out = logits.argmax(dim=-1)
+    out = argmax_rows(logits)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled:
         return out

@@ -276,3 +276,25 @@ def test_native_stack_gives_the_layer_by_layer_bits(tiny_hf, monkeypatch):
     assert stack is not None
     for want, got in zip(layered, stacked):
         assert torch.equal(want, got)
+
+
+def test_native_argmax_is_torchs_argmax():
+    """The greedy argmax kernel against torch.argmax: random rows of every tail length,
+    ties (the first maximal index), NaN (counted largest, the first wins), all -inf,
+    and a maximum in the unvectorised tail."""
+    if not cpu_kernels.available():
+        pytest.skip(f"native kernel unavailable: {cpu_kernels.why_unavailable()}")
+    torch.manual_seed(0)
+    for k in (1, 7, 8, 9, 63, 49152):
+        x = torch.randn(5, k)
+        assert torch.equal(cpu_kernels.argmax_rows(x), x.argmax(-1))
+    x = torch.randn(6, 101)
+    x[0, [3, 50, 99]] = 9.0  # ties
+    x[1, [10, 40]] = float("nan")
+    x[2] = float("-inf")
+    x[3, 100] = 9.0  # in the tail past the last full vector
+    x[4, [5, 6]] = torch.tensor([0.0, -0.0]) + 50  # equal values
+    x[5, 0] = float("nan")
+    assert torch.equal(cpu_kernels.argmax_rows(x), x.argmax(-1))
+    assert cpu_kernels.argmax_rows(x[:, :-1].contiguous().view(2, 3, 100)).shape == (2, 3)
+    assert torch.equal(cpu_kernels.argmax_rows(x.double()), x.double().argmax(-1))  # torch for other dtypes

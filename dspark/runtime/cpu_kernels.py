@@ -119,7 +119,8 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_rmsnorm_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
     lib.dspark_silu_mul_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     lib.dspark_rope_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
-    for name in ("dspark_rmsnorm_f32", "dspark_silu_mul_f32", "dspark_rope_f32"):
+    lib.dspark_argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    for name in ("dspark_rmsnorm_f32", "dspark_silu_mul_f32", "dspark_rope_f32", "dspark_argmax_f32"):
         getattr(lib, name).restype = None
     _lib = lib
     return lib
@@ -243,6 +244,19 @@ def attention_f32(qkv: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_ca
                                       n, s, num_heads, kvh, d, length, d ** -0.5, torch.get_num_threads()):
         raise IndexError(f"attention_f32: a slot or position is outside the cache ({s} slots, {length} positions)")
     return out
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)` (int64, first maximal index, NaN largest), through the native
+    kernel for fp32 CPU rows and torch otherwise."""
+    lib = load()
+    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() < 1 or not x.shape[-1]
+            or x.requires_grad):
+        return x.argmax(dim=-1)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    lib.dspark_argmax_f32(rows.data_ptr(), rows.shape[0], rows.shape[1], out.data_ptr(), torch.get_num_threads())
+    return out.view(x.shape[:-1])
 
 
 def rmsnorm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark.sampling import SamplingParams, logits_to_probs
+from dspark.runtime.cpu_kernels import argmax_rows
 
 # max(0, p - q) sums to the probability that the draft is rejected, so a rejection
 # with a residual this small is (up to float32 noise in p and q, which each sum to 1
@@ -95,7 +96,7 @@ def rejection_sample(
     is_sampling = torch.tensor([not p.greedy for p in params], device=device)  # [R]
     uniforms = _draw_uniforms(num_draft, params, generators, device)  # [T] float64, aligned with target rows
 
-    target_argmax = target_logits.argmax(dim=-1)  # [T]
+    target_argmax = argmax_rows(target_logits)  # [T]
     accepted = draft_tokens == target_argmax[judge_row]  # [D] the greedy rule
     probs = None
     if bool(is_sampling.any()):
