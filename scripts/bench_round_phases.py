@@ -18,6 +18,10 @@ time outside the target's forward as a share of a plain decode step's target tim
     python3 scripts/bench_round_phases.py --max-tokens 128 --prompts 6
     python3 scripts/bench_round_phases.py --configs plain,dspark-1,mtp,ngram --json out.json
     python3 scripts/bench_round_phases.py --configs plain,hybrid --concurrency 16 --prompts 2
+    python3 scripts/bench_round_phases.py --configs lag2,sync,lag1,lag4 --workload switch --max-tokens 192
+
+"vs FIRST" is each configuration's tok/s over the first configuration's on the same
+batch (paired, so drift falls out): the median ratio and its range over the batches.
 
 At --concurrency N, "tok/s" is the batch's output tokens per second, "tau" tokens per
 request-round, and the phases are per step (one step serves all N requests).
@@ -46,6 +50,12 @@ CONFIGS = {
     # the default with the plain-decoding fallback (off by default)
     "hybrid-fallback": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                         "plain_fallback": True},
+    # the lag study: the default at other lags of the scheduler's survivals (lag 0 = dspark-sync,
+    # the current step's own survivals, admitted up to the first drop)
+    "sync": {"method": "dspark", "lookup": True, "verification_policy": "dspark-sync"},
+    "lag1": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "async_lag": 1},
+    "lag2": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "async_lag": 2},
+    "lag4": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "async_lag": 4},
 }
 PROMPTS = [
     "Explain in a few sentences why the ocean is salty.",
@@ -58,6 +68,19 @@ PROMPTS = [
     "Describe how a bill becomes a law in the United States.",
 ]
 
+
+#: requests that change character mid-stream: code first, then prose (the lag study)
+SWITCH_PROMPTS = [
+    "Write a Python function that checks whether a number is prime. After the code, explain in plain "
+    "prose, without any code, why checking divisors up to the square root is enough.",
+    "Write a JavaScript function that reverses the words of a sentence. Then, in a few paragraphs of "
+    "prose, describe a day at the beach.",
+    "Give a SQL query that counts orders per customer. Then write a short story about a lighthouse keeper.",
+    "Write a Python class for a stack with push and pop. Then explain in prose why stacks matter in "
+    "everyday life, with no code.",
+    "Write a bash loop that renames every .txt file to .md. Afterwards, write a poem about autumn.",
+    "Write a C function that sums an array. Then describe, in plain prose, how a bill becomes a law.",
+]
 
 PHASES = ("target", "draft", "lookup", "context", "verify", "other")
 
@@ -121,6 +144,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=1,
                     help="requests decoded together in one batch (default: %(default)s)")
     ap.add_argument("--dtype", default="auto", help="(default: %(default)s)")
+    ap.add_argument("--workload", choices=("mixed", "switch"), default="mixed",
+                    help="mixed: chat, code and math prompts; switch: requests that write code, then "
+                         "prose (the lag study) (default: %(default)s)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
     args = ap.parse_args()
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -136,7 +162,8 @@ def main() -> int:
     specs = {n: SpeculativeConfig(**CONFIGS[n]) if CONFIGS[n] else None
              for n in names}
     c = args.concurrency
-    texts = [PROMPTS[j % len(PROMPTS)] for j in range(args.prompts * c)]
+    pool = SWITCH_PROMPTS if args.workload == "switch" else PROMPTS
+    texts = [pool[j % len(pool)] for j in range(args.prompts * c)]
     encoded = [target.tokenizer.chat_prompt(p) for p in texts]
     batches = [encoded[i * c: (i + 1) * c] for i in range(args.prompts)]  # one batch per "prompt"
     for n in names:  # warm-up: kernels, caches, first-use allocations
@@ -149,7 +176,8 @@ def main() -> int:
     plain_target = None
     if "plain" in results:
         plain_target = sum(r["phases"]["target"] for r in results["plain"]) / sum(r["rounds"] for r in results["plain"])
-    print(f"\n{'config':<16} {'tok/s':>7} {'tau':>5} {'ms/round':>9}  "
+    first = names[0]
+    print(f"\n{'config':<16} {'tok/s':>7} {'vs ' + first:>22} {'tau':>5} {'ms/round':>9}  "
           + " ".join(f"{p:>8}" for p in PHASES)
           + "  outside-target")
     for n in names:
@@ -160,7 +188,10 @@ def main() -> int:
         outside = sum(v for k, v in per.items() if k != "target")
         share = f"{outside / plain_target:6.1%} of plain target" if plain_target else ""
         tau = sum(r["tokens"] for r in rs) / sum(r["request_rounds"] for r in rs)
-        print(f"{n:<16} {tps:7.1f} {tau:5.2f} {sum(per.values()):9.2f}  "
+        # paired: each batch against the first configuration's run of the same batch
+        ratios = [(r["tokens"] / r["ms"]) / (b["tokens"] / b["ms"]) for r, b in zip(rs, results[first])]
+        paired = f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+        print(f"{n:<16} {tps:7.1f} {paired:>22} {tau:5.2f} {sum(per.values()):9.2f}  "
               + " ".join(f"{per[p]:8.2f}" for p in per) + f"  {outside:5.2f} ms {share}")
     if args.json:
         with open(args.json, "w") as fh:
