@@ -14,13 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.train.losses import (
-    expected_acceptance_length,
-    position_terms,
-    position_weights,
-    weighted_sums,
-)
-
 TINY_VOCAB = 64
 
 
@@ -111,99 +104,6 @@ def train_config(method: str, data: Path, out: Path, **kw):
     return TrainConfig(**fields)
 
 
-# --- the loss on hand-made tensors ---------------------------------------------------------
-
-
-def _full_terms(q, p, labels, conf=None):
-    """position_terms with p given whole (top-k = the full vocabulary)."""
-    probs = p.softmax(-1)
-    top = probs.topk(p.shape[-1], dim=-1)
-    return position_terms(q, top.indices, top.values, labels, conf)
-
-
-def test_loss_terms_by_hand():
-    q = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
-    p = torch.tensor([[0.0, 0.0, 0.0], [0.0, 5.0, 0.0], [1.0, 1.0, -1.0]])
-    labels = torch.tensor([0, 1, 2])
-    conf = torch.tensor([0.5, -1.0, 2.0])
-    k = torch.tensor([0, 1, 2])
-    terms = _full_terms(q, p, labels, conf)
-    sq, sp = q.softmax(-1), p.softmax(-1)
-    torch.testing.assert_close(terms.ce, -sq[torch.arange(3), labels].log())
-    l1 = (sq - sp).abs().sum(-1)
-    torch.testing.assert_close(terms.l1, l1)
-    torch.testing.assert_close(terms.accept, 1 - 0.5 * l1)
-    target = 1 - 0.5 * l1
-    s = torch.sigmoid(conf)
-    torch.testing.assert_close(terms.bce, -(target * s.log() + (1 - target) * (1 - s).log()))
-    w = position_weights(k, "dspark")
-    torch.testing.assert_close(w, torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5)]))
-    torch.testing.assert_close(position_weights(k, "dspark", decay=2.0), torch.tensor([1.0, math.exp(-0.5), math.exp(-1.0)]))
-    sums = weighted_sums(terms, w)
-    want = (w * (0.1 * terms.ce + 0.9 * l1 + 1.0 * terms.bce)).sum()
-    torch.testing.assert_close(sums["loss"], want)
-    torch.testing.assert_close(position_weights(k, "eagle3"), torch.tensor([1.0, 0.8, 0.64]))
-    no_conf = _full_terms(q, p, labels)
-    assert no_conf.bce is None and "bce" not in weighted_sums(no_conf, w)
-    torch.testing.assert_close(weighted_sums(no_conf, w)["loss"], (w * (0.1 * no_conf.ce + 0.9 * l1)).sum())
-
-
-def test_topk_targets_bound_the_exact_distance():
-    """With p truncated to its top k, the computed L1 lies within [exact - 2 tail, exact]
-    and equals it when the tail is empty; tokens outside a reduced draft vocabulary
-    count with q = 0, and labels outside it give no CE."""
-    from dspark.train.teacher import TopKTargets
-
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(40, 50, generator=g) * 3
-    p = torch.randn(40, 50, generator=g) * 3
-    exact = (q.softmax(-1) - p.softmax(-1)).abs().sum(-1)
-    for k in (1, 4, 16, 50):
-        top = TopKTargets.of_logits(p, k)
-        terms = position_terms(q, top.ids, top.probs, torch.zeros(40, dtype=torch.long))
-        assert torch.all(terms.l1 <= exact + 1e-5)
-        assert torch.all(terms.l1 >= exact - 2 * top.tail - 1e-5)
-        if k == 50:
-            torch.testing.assert_close(terms.l1, exact, atol=1e-5, rtol=0)
-    # a draft vocabulary of the first 30 target ids: q lives on those, p anywhere
-    draft = q[:, :30]
-    full_q = torch.cat([draft, torch.full((40, 20), float("-inf"))], dim=-1)
-    exact = (full_q.softmax(-1) - p.softmax(-1)).abs().sum(-1)
-    top = TopKTargets.of_logits(p, 50)
-    ids = torch.where(top.ids < 30, top.ids, torch.full_like(top.ids, -1))
-    labels = torch.tensor([3, 35] * 20)
-    labels_d = torch.where(labels < 30, labels, torch.full_like(labels, -1))
-    terms = position_terms(draft, ids, top.probs, labels_d)
-    torch.testing.assert_close(terms.l1, exact, atol=1e-5, rtol=0)
-    assert torch.all(terms.ce[1::2] == 0) and torch.all(terms.ce[::2] > 0)
-
-
-def test_bce_target_is_detached_and_p_gets_no_gradient():
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(5, 7, generator=g, requires_grad=True)
-    p = torch.randn(5, 7, generator=g).softmax(-1).requires_grad_(True)
-    ids = torch.arange(7).expand(5, 7)
-    conf = torch.randn(5, generator=g, requires_grad=True)
-    terms = position_terms(q, ids, p, torch.arange(5), conf)
-    terms.bce.sum().backward()
-    assert q.grad is None or torch.count_nonzero(q.grad) == 0  # BCE moves only the confidence head
-    torch.testing.assert_close(conf.grad, torch.sigmoid(conf.detach()) - terms.accept)
-    q.grad = None
-    terms = position_terms(q, ids, p, torch.arange(5), conf)
-    weighted_sums(terms, torch.ones(5))["loss"].backward()
-    assert p.grad is None  # the target is a constant
-    assert q.grad is not None and torch.count_nonzero(q.grad) > 0
-
-
-def test_expected_acceptance_length():
-    assert expected_acceptance_length([]) == 1.0
-    assert expected_acceptance_length([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
-    assert expected_acceptance_length([1.0] * 7) == pytest.approx(8.0)
-
-
-# --- data and teacher forcing ---------------------------------------------------------------
-
-
 def test_batch_plan_splits_a_global_batch_across_ranks():
     from dspark.train.data import BatchPlan
 
@@ -250,63 +150,6 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens():
     assert most_frequent(counts, 2) == [3, 5]  # 5 and 7 tie: the lower id wins
     assert most_frequent(counts, 3, always=[9]) == [3, 5, 9]
     assert coverage(seqs, [3, 5], 10) == pytest.approx(5 / 8)
-
-
-def test_cached_teacher_equals_running_the_target(tiny_target, tiny_data, tmp_path):
-    from dspark.train.data import load_sequences
-    from dspark.train.teacher import CachedTeacher, OnTheFlyTeacher
-
-    seqs = load_sequences([tiny_data], 1, 512)[:5]
-    layers = [0, 2]
-    rows = [[s.prompt_len, len(s.tokens) - 2] for s in seqs]
-    live_h, live_p = OnTheFlyTeacher(tiny_target.model, layers, seqs, topk=8).teach([0, 3, 4], [rows[0], rows[3], rows[4]])
-    cached = CachedTeacher(tiny_target.model, layers, seqs, tmp_path, "tiny", progress=False, topk=8)
-    h, p = cached.teach([0, 3, 4], [rows[0], rows[3], rows[4]])
-    torch.testing.assert_close(h, live_h, atol=1e-5, rtol=0)
-    assert p.ids.shape == (6, 8)
-    torch.testing.assert_close(p.probs, live_p.probs, atol=1e-3, rtol=0)  # stored in fp16
-    assert torch.equal(p.ids[:, 0], live_p.ids[:, 0])
-    # a second drafter with other taps reuses the same file; another k builds another
-    again = CachedTeacher(tiny_target.model, [1, 3], seqs, tmp_path, "tiny", build=False, topk=8)
-    assert again.path == cached.path
-    with pytest.raises(FileNotFoundError):
-        CachedTeacher(tiny_target.model, [1, 3], seqs, tmp_path, "tiny", build=False, topk=4)
-
-
-def test_feature_cache_build_resumes_from_its_last_shard(tiny_target, tiny_data, tmp_path, monkeypatch):
-    """An interrupted cache build (shards written, no manifest) resumes: only the
-    sequences of the lost shard run the target again, and the finished cache reads the
-    same as one built in a single pass."""
-    from dspark.train import feature_store
-    from dspark.train.data import load_sequences
-    from dspark.train.teacher import CachedTeacher, OnTheFlyTeacher
-
-    seqs = load_sequences([tiny_data], 1, 512)[:6]
-    rows = [[s.prompt_len, len(s.tokens) - 2] for s in seqs]
-    monkeypatch.setattr(feature_store, "SHARD_BYTES", 1)  # a shard per batch group
-    first = CachedTeacher(tiny_target.model, [0, 2], seqs, tmp_path, "tiny", progress=False, topk=8,
-                          build_batch_tokens=1)  # one sequence per group
-    parts = sorted(tmp_path.glob("*.part*.safetensors"))
-    assert len(parts) == len(seqs) and first.path.suffix == ".json"
-    # interrupt: the manifest and the last shard are lost
-    first.path.unlink()
-    parts[-1].unlink()
-    ran = []
-    real_run = OnTheFlyTeacher.run
-
-    def counting_run(self, tokens, layers, rows_):
-        ran.append(len(tokens))
-        return real_run(self, tokens, layers, rows_)
-
-    monkeypatch.setattr(OnTheFlyTeacher, "run", counting_run)
-    again = CachedTeacher(tiny_target.model, [0, 2], seqs, tmp_path, "tiny", progress=False, topk=8,
-                          build_batch_tokens=1)
-    assert ran == [1]
-    monkeypatch.setattr(OnTheFlyTeacher, "run", real_run)
-    live_h, live_p = OnTheFlyTeacher(tiny_target.model, [0, 2], seqs, topk=8).teach(list(range(6)), rows)
-    h, p = again.teach(list(range(6)), rows)
-    torch.testing.assert_close(h, live_h, atol=1e-5, rtol=0)
-    assert torch.equal(p.ids[:, 0], live_p.ids[:, 0])
 
 
 @pytest.mark.parametrize("method,variant", [(m, "full") for m in ("dspark", "dflash", "eagle3", "mtp")]
