@@ -56,6 +56,10 @@ CONFIGS = {
     "lag1": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "async_lag": 1},
     "lag2": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "async_lag": 2},
     "lag4": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "async_lag": 4},
+    # the drafter's block and context through torch instead of the native decoder kernel
+    "dspark-3-torch": {"method": "dspark", "num_speculative_tokens": 3, "torch_drafter": True},
+    "hybrid-torch": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
+                     "torch_drafter": True},
 }
 PROMPTS = [
     "Explain in a few sentences why the ocean is salty.",
@@ -108,9 +112,13 @@ def run_one(target, spec, prompts: list[list[int]], max_tokens: int) -> dict:
     from dspark.engine.engine import EngineConfig, LLMEngine
     from dspark.sampling import SamplingParams
 
+    spec, torch_drafter = spec if isinstance(spec, tuple) else (spec, False)
     engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=len(prompts), max_model_len=2048))
     clock = PhaseClock()
     runner = engine.runner
+    if torch_drafter:
+        inner = getattr(runner.drafter, "inner", runner.drafter)
+        inner._stack = lambda: None
     clock.wrap(runner, "model", "target")
     clock.wrap(runner, "_verify", "verify")
     if runner.drafter is not None:
@@ -159,8 +167,11 @@ def main() -> int:
     from dspark.runtime.target import Target
 
     target = Target.load("default", dtype=args.dtype, device="cpu", max_len=2048, log=print)
-    specs = {n: SpeculativeConfig(**CONFIGS[n]) if CONFIGS[n] else None
-             for n in names}
+    specs = {}
+    for n in names:
+        kw = dict(CONFIGS[n] or {})
+        torch_drafter = kw.pop("torch_drafter", False)
+        specs[n] = (SpeculativeConfig(**kw) if kw else None, torch_drafter)
     c = args.concurrency
     pool = SWITCH_PROMPTS if args.workload == "switch" else PROMPTS
     texts = [pool[j % len(pool)] for j in range(args.prompts * c)]
