@@ -29,6 +29,26 @@ def default_target_bf16w():
 
 
 @pytest.fixture(scope="session")
+def default_target_bf16x():
+    """The default model with bf16 weights and matmul inputs rounded to bf16 (AMX or
+    avx512_bf16 kernels); only on CPUs that have them (see `BF16X_PRECISIONS`)."""
+    from dspark.runtime.target import Target
+
+    return Target.load("default", dtype="bf16x", device="cpu", max_len=1024)
+
+
+def bf16x_available() -> bool:
+    from dspark.runtime import cpu_kernels
+
+    return cpu_kernels.bf16x_kernel() is not None
+
+
+#: the bf16x precision where this CPU runs it: tests parametrized over precisions take it
+#: only there (an AVX2-only CPU has no such kernel to test)
+BF16X_PRECISIONS = ["bf16x"] if bf16x_available() else []
+
+
+@pytest.fixture(scope="session")
 def default_target():
     """The default model in the runtime's default dtype (bf16 on these CPUs)."""
     from dspark.runtime.target import Target

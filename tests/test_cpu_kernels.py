@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import BF16X_PRECISIONS
 
 from dspark.runtime import cpu_kernels
 from dspark.runtime.batch import FlatBatch
@@ -247,13 +248,15 @@ def test_native_and_torch_paths_agree(tiny_hf, monkeypatch):
     torch.testing.assert_close(native, run(), atol=1e-4, rtol=0)
 
 
-def test_native_stack_gives_the_layer_by_layer_bits(tiny_hf, monkeypatch):
+@pytest.mark.parametrize("precision", ["bf16w", *BF16X_PRECISIONS])
+def test_native_stack_gives_the_layer_by_layer_bits(tiny_hf, monkeypatch, precision):
     """A bf16w model's decoder layers in one native call (native_stack.py) against the
     same model layer by layer: logits, tapped hidden states (with and without the
     embeddings) and the KV cache bit for bit, over a prefill beside a decode and a
     verification beside a decode, Qwen3's per-head q/k norms included."""
     kind, path, _ = tiny_hf
-    model = load_transformer(path, "bf16w")
+    model = load_transformer(path, precision)
+    assert model.precision == precision
 
     def run(stacked: bool):
         if stacked:
@@ -298,3 +301,28 @@ def test_native_argmax_is_torchs_argmax():
     assert torch.equal(cpu_kernels.argmax_rows(x), x.argmax(-1))
     assert cpu_kernels.argmax_rows(x[:, :-1].contiguous().view(2, 3, 100)).shape == (2, 3)
     assert torch.equal(cpu_kernels.argmax_rows(x.double()), x.double().argmax(-1))  # torch for other dtypes
+
+
+@pytest.mark.parametrize("kernel", ["dot", "amx", "bf16x"])
+def test_bf16x_matmul_rounds_inputs_and_is_batch_invariant(kernel):
+    """The bf16x kernels (VDPBF16PS, AMX tiles, and the per-process choice between
+    them) against a float64 product of the bf16-rounded inputs, and each row's result
+    the same whatever rows share the call (every M from 1 to 37, odd sizes, bias)."""
+    have = {"dot": cpu_kernels.bf16dot_available(), "amx": cpu_kernels.amx_available(),
+            "bf16x": cpu_kernels.bf16x_kernel() is not None}
+    if not have[kernel]:
+        pytest.skip(f"this CPU has no {kernel} kernel (AVX2-only CPUs run bf16w instead)")
+    fn = {"dot": cpu_kernels.gemm_bf16dot, "amx": cpu_kernels.gemm_bf16amx, "bf16x": cpu_kernels.gemm_bf16x}[kernel]
+    torch.manual_seed(0)
+    for n, k in ((100, 64), (3072, 576), (45, 1536)):
+        w = torch.randn(n, k).to(torch.bfloat16)
+        bias = torch.randn(n)
+        packed = cpu_kernels.PackedBf16Dot(w)
+        x = torch.randn(37, k)
+        full = fn(x, packed, bias)
+        want = x.to(torch.bfloat16).double() @ w.double().T + bias.double()
+        torch.testing.assert_close(full.double(), want, atol=2e-4 * k ** 0.5, rtol=1e-5)
+        for m in range(1, 38):
+            assert torch.equal(fn(x[:m], packed, bias), full[:m])
+        assert torch.equal(fn(x[5:6], packed, bias), full[5:6])
+        assert torch.equal(fn(x[11:30], packed, bias), full[11:30])

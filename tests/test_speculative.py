@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import BF16X_PRECISIONS
 
 from dspark.drafters.base import DraftOutput, Drafter
 from dspark.engine.engine import EngineConfig, LLMEngine
@@ -91,10 +92,11 @@ def _plain_reference(target: Target, prompts: list[list[int]], max_tokens: int) 
     return [generate_plain(target, p, SamplingParams(max_tokens=max_tokens)).token_ids for p in prompts]
 
 
-@pytest.fixture(scope="module", params=["fp32", "bf16w"])
+@pytest.fixture(scope="module", params=["fp32", "bf16w", *BF16X_PRECISIONS])
 def greedy_case(request):
-    """The default model in each CPU precision `--dtype auto` can pick without
-    avx512_bf16 (fp32, bf16w), with plain greedy references decoded in that precision."""
+    """The default model in each batch-invariant CPU precision (fp32, bf16w, and bf16x
+    where the CPU has AMX or avx512_bf16), with plain greedy references decoded in that
+    precision."""
     target = request.getfixturevalue(f"default_target_{request.param}")
     prompts = [target.tokenizer.chat_prompt(p) for p in ALL_PROMPTS]
     refs = _plain_reference(target, prompts, 24)

@@ -13,10 +13,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="Hugging Face model directory (config.json + safetensors), a GGUF file (Llama, Qwen2, Qwen3; "
                         "dequantized once into the cache), or 'default' for the "
                         "embedded SmolLM2-135M-Instruct (default: %(default)s)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "bf16w"],
-                   help="precision: bf16w = bf16 weights with fp32 compute (a native AVX2 kernel, for CPUs "
-                        "without avx512_bf16); auto = bf16 on accelerators, and on a CPU the fastest of "
-                        "fp32 / bf16 / bf16w for this model by a short measurement at start-up (it says "
+    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "bf16w", "bf16x"],
+                   help="precision: bf16w = bf16 weights with fp32 compute (native AVX2/AVX-512 kernels); "
+                        "bf16x = bf16 weights with matmul inputs rounded to bf16 and fp32 accumulation "
+                        "(AMX or avx512_bf16 kernels: multi-token steps and prefill several times faster, "
+                        "still exact under speculation); auto = bf16 on accelerators, and on a CPU the "
+                        "faster of fp32 / bf16w for this model by a short measurement at start-up (it says "
                         "what it picked)")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")

@@ -173,10 +173,11 @@ def build_drafter(spec: SpeculativeConfig, target):
         drafter = load_drafter(path, target.model)
     if spec.markov_candidates is not None:
         drafter.markov_candidates = spec.markov_candidates
-    if getattr(target.model, "precision", None) == "bf16w":
+    precision = getattr(target.model, "precision", None)
+    if precision in ("bf16w", "bf16x"):
         # the target's weight format for the drafter's linears too: a draft reads its
         # weights once per step, and fp32 weights double that traffic
-        use_bf16_weights(drafter, embeddings=False)
+        use_bf16_weights(drafter, embeddings=False, kind=precision)
     else:
         pack_cpu_bf16_linears(drafter)
     if spec.lookup:

@@ -6,6 +6,10 @@
   precision of the runtime: on CPUs without avx512_bf16, torch has no fast bf16
   matmul (its bf16 kernels are slower than fp32 there), while decode is bound by
   reading the weights; this kernel reads half the bytes of fp32.
+- `gemm_bf16dot` (kernels/gemm_bf16dot.c): the `bf16x` precision on CPUs with
+  avx512_bf16: bf16 weights, activations rounded to bf16 at the matmul's input, fp32
+  accumulation by VDPBF16PS (twice the multiply-adds of an fp32 FMA), weights packed
+  in pairs (`PackedBf16Dot`).
 - `attention_f32` (kernels/attention_f32.c): writes a step's keys and values into the
   KV cache and attends, each token over its own slot's positions.
 - `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_` (kernels/elementwise_f32.c).
@@ -35,8 +39,9 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "attention_f32.c",
-                                                                  "elementwise_f32.c", "decoder_f32.c")]
+_SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_bf16dot.c",
+                                                                  "attention_f32.c", "elementwise_f32.c",
+                                                                  "decoder_f32.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
@@ -119,6 +124,14 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_rmsnorm_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
     lib.dspark_silu_mul_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     lib.dspark_rope_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+    lib.dspark_gemm_bf16dot_packed.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.dspark_gemm_bf16dot_packed.restype = None
+    lib.dspark_gemm_bf16dot_available.restype = ctypes.c_int
+    lib.dspark_gemm_bf16amx_packed.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.dspark_gemm_bf16amx_packed.restype = None
+    lib.dspark_amx_available.restype = ctypes.c_int
+    lib.dspark_gemm_bf16x_packed.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.dspark_gemm_bf16x_packed.restype = None
     lib.dspark_argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     for name in ("dspark_rmsnorm_f32", "dspark_silu_mul_f32", "dspark_rope_f32", "dspark_argmax_f32"):
         getattr(lib, name).restype = None
@@ -204,6 +217,88 @@ def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",
                                      out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
     return out.view(*x.shape[:-1], n)
 
+
+class PackedBf16Dot:
+    """A bf16 weight [N, K] (K even) laid out for the bf16x kernel: ceil(N / 16) panels
+    of [K / 2][16][2], each column's weights for inputs 2j and 2j + 1 side by side."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[1] % 2:
+            raise TypeError("gemm_bf16dot takes a CPU bf16 weight [out_features, in_features], in_features even")
+        n, k = weight.shape
+        p = (n + 15) // 16
+        padded = weight.new_zeros(p * 16, k)
+        padded[:n] = weight
+        self.data = padded.view(p, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()  # [p, K/2, 16, 2]
+        self.out_features, self.in_features = n, k
+
+
+def bf16dot_available() -> bool:
+    """Whether this CPU runs the bf16x kernel (avx512_bf16) and the kernels are built."""
+    lib = load()
+    return lib is not None and bool(lib.dspark_gemm_bf16dot_available())
+
+
+def gemm_bf16dot(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] fp32, rounded to bf16, @ weight[N, K].T (+ bias) with fp32 accumulation."""
+    if not bf16dot_available():
+        raise RuntimeError("the bf16x kernel needs a CPU with avx512_bf16 and the native kernels")
+    n, k = packed.out_features, packed.in_features
+    if x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"input [..., {x.shape[-1]}] on {x.device} does not fit the weight's {k} CPU features")
+    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+    b = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
+    if x2.shape[0]:
+        _lib.dspark_gemm_bf16dot_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
+                                        out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)
+
+
+def amx_available() -> bool:
+    """Whether this CPU runs AMX bf16 tiles here (asks Linux for them once)."""
+    lib = load()
+    return lib is not None and bool(lib.dspark_amx_available())
+
+
+def gemm_bf16amx(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`gemm_bf16dot` on AMX tiles (in_features a multiple of 32)."""
+    if not amx_available():
+        raise RuntimeError("AMX bf16 tiles are not available on this CPU")
+    n, k = packed.out_features, packed.in_features
+    if x.shape[-1] != k or k % 32:
+        raise ValueError(f"input [..., {x.shape[-1]}]: the AMX kernel needs the weight's {k} features, a multiple of 32")
+    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+    b = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
+    if x2.shape[0]:
+        _lib.dspark_gemm_bf16amx_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
+                                        out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)
+
+
+def bf16x_kernel() -> str | None:
+    """The bf16x precision's matmul on this CPU: "amx", "avx512_bf16", or None."""
+    if amx_available():
+        return "amx"
+    return "avx512_bf16" if bf16dot_available() else None
+
+
+def gemm_bf16x(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The bf16x matmul: AMX tiles where available (in_features a multiple of 32), else
+    VDPBF16PS; the same choice for every call of a process."""
+    if bf16x_kernel() is None:
+        raise RuntimeError("the bf16x precision needs a CPU with avx512_bf16 (or AMX) and the native kernels")
+    n, k = packed.out_features, packed.in_features
+    if x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"input [..., {x.shape[-1]}] on {x.device} does not fit the weight's {k} CPU features")
+    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+    b = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
+    if x2.shape[0]:
+        _lib.dspark_gemm_bf16x_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
+                                      out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)
 
 
 def _lib_or_raise() -> ctypes.CDLL:

@@ -48,10 +48,12 @@ def resolve_model_path(model: str | None) -> Path:
     return p
 
 
-#: what `--dtype` accepts besides auto: bf16w = bf16 weights, fp32 compute (native kernel)
-PRECISIONS = ("bf16", "fp16", "fp32", "bf16w")
+#: what `--dtype` accepts besides auto: bf16w = bf16 weights, fp32 compute (native kernel);
+#: bf16x = bf16 weights, matmul inputs rounded to bf16 (AMX or avx512_bf16 kernels)
+PRECISIONS = ("bf16", "fp16", "fp32", "bf16w", "bf16x")
 _ALIASES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
-_COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "bf16w": torch.float32}
+_COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "bf16w": torch.float32,
+            "bf16x": torch.float32}
 
 
 def cpu_has_bf16() -> bool:
@@ -77,6 +79,14 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
             raise ValueError("--dtype bf16w is a CPU precision; use bf16 on accelerators")
         if not cpu_kernels.available():
             raise ValueError(f"--dtype bf16w needs the native CPU kernel: {cpu_kernels.why_unavailable()}")
+    if p == "bf16x":
+        from . import cpu_kernels
+
+        if torch.device(device).type != "cpu":
+            raise ValueError("--dtype bf16x is a CPU precision; use bf16 on accelerators")
+        if cpu_kernels.bf16x_kernel() is None:
+            why = cpu_kernels.why_unavailable() or "this CPU has neither AMX nor avx512_bf16"
+            raise ValueError(f"--dtype bf16x needs AMX or avx512_bf16 and the native kernels: {why}")
     return p
 
 
@@ -85,7 +95,7 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
 #: verification step or a chunked prefill gives bit for bit the logits of decoding the
 #: tokens one by one. oneDNN's bf16 matmuls pick their blocking by shape, so `bf16` on a
 #: CPU is not among them: `auto` never picks it.
-BATCH_INVARIANT_CPU = ("bf16w", "fp32")
+BATCH_INVARIANT_CPU = ("bf16w", "bf16x", "fp32")
 
 NOT_INVARIANT_WARNING = (
     "dtype bf16 on a CPU runs oneDNN kernels that choose their blocking by shape: a token's logits can "
@@ -258,7 +268,8 @@ def load_transformer(
         cfg = ModelConfig.from_dir(path)
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
-    precision = dtype if isinstance(dtype, str) else {v: k for k, v in _COMPUTE.items() if k != "bf16w"}[dtype]
+    precision = dtype if isinstance(dtype, str) else {v: k for k, v in _COMPUTE.items()
+                                                      if k not in ("bf16w", "bf16x")}[dtype]
     precision = parse_precision(precision, device)
     if precision == "auto":
         precision, line = cached_choose_precision(cfg)
@@ -284,14 +295,14 @@ def load_transformer(
     model._rope_len = 0
     model.rope_cos = torch.empty(0)
     model.rope_sin = torch.empty(0)
-    if fresh:  # a prepared file holds the final dtypes already (mixed, for bf16w)
+    if fresh:  # a prepared file holds the final dtypes already (mixed, for bf16w and bf16x)
         model = model.to(device=device, dtype=_COMPUTE[precision])
     model.ensure_rope(max_len or min(cfg.max_position_embeddings, 4096))
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    if precision == "bf16w":
-        use_bf16_weights(model, panels)
+    if precision in ("bf16w", "bf16x"):
+        use_bf16_weights(model, panels, kind=precision)
     if fresh and cache_file is not None:
         state = {k: v for k, v in model.state_dict().items()
                  if not (cfg.tie_word_embeddings and k == "lm_head.weight")}

@@ -24,6 +24,7 @@ from . import cpu_kernels
 from .config import ModelConfig
 from .kv_cache import KVCachePool
 from .native_stack import NativeStack
+from .weight_formats import weight_kind
 
 
 class RMSNorm(nn.Module):
@@ -293,9 +294,10 @@ class Transformer(nn.Module):
 
     @property
     def precision(self) -> str:
-        """bf16, fp16, fp32 or bf16w (bf16 weights, fp32 compute)."""
+        """bf16, fp16, fp32, bf16w (bf16 weights, fp32 compute) or bf16x (bf16 weights,
+        matmul inputs rounded to bf16, fp32 accumulation and everything else fp32)."""
         if self.embed_tokens.weight.dtype == torch.bfloat16 and self.dtype == torch.float32:
-            return "bf16w"
+            return "bf16x" if weight_kind(self.layers[0].qkv_proj) == "bf16x" else "bf16w"
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
 
     def _native_attention(self, cache: KVCachePool) -> bool:
@@ -309,7 +311,7 @@ class Transformer(nn.Module):
         key = (self.precision, self.device.type)
         if self.__dict__.get("_stack_key") != key:
             self._stack_key = key
-            self._native_stack = (NativeStack.for_layers(self.layers) if key == ("bf16w", "cpu")
+            self._native_stack = (NativeStack.for_layers(self.layers) if key in (("bf16w", "cpu"), ("bf16x", "cpu"))
                                   and self.dtype == torch.float32 else None)
         return self._native_stack
 

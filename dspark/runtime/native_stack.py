@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import cpu_kernels
-from .weight_formats import _Bf16WeightLinearForward
+from .weight_formats import _Bf16WeightLinearForward, weight_kind
 
 #: per layer, in the order kernels/decoder_f32.c reads them
 _PTRS = ("qkv_w", "qkv_b", "o_w", "gu_w", "down_w", "ln1", "ln2", "k_cache", "v_cache", "q_norm", "k_norm")
@@ -32,6 +32,16 @@ _K_CACHE, _V_CACHE = _PTRS.index("k_cache"), _PTRS.index("v_cache")
 def _packed(mod: nn.Linear) -> torch.Tensor | None:
     fwd = mod.__dict__.get("forward")
     return fwd.packed.data if isinstance(fwd, _Bf16WeightLinearForward) else None
+
+
+#: the kernel's code for each weight kind (kernels/decoder_f32.c `gemm`)
+_KINDS = {"bf16w": 0, "bf16x": 1}
+
+
+def _one_kind(mods) -> str | None:
+    """The weight kind all of `mods` share, or None (mixed, or not native)."""
+    kinds = {weight_kind(m) for m in mods}
+    return kinds.pop() if len(kinds) == 1 and None not in kinds else None
 
 
 def _fp32_norm(norm: nn.Module | None) -> bool:
@@ -44,10 +54,11 @@ class NativeStack:
     `DecoderLayer`s) or `for_drafter_layers` (a drafter's `DrafterLayer`s), which return
     None where the kernel does not apply."""
 
-    def __init__(self, cfg, parts: list[dict], lib: ctypes.CDLL) -> None:
+    def __init__(self, cfg, parts: list[dict], lib: ctypes.CDLL, kind: str = "bf16w") -> None:
         """parts: per layer, the packed panels "qkv", "o", "gu", "down" (bf16), the fp32
-        "qkv_b" (or None), "ln1", "ln2" and the per-head "q_norm", "k_norm" (or None)."""
-        self.cfg, self.lib = cfg, lib
+        "qkv_b" (or None), "ln1", "ln2" and the per-head "q_norm", "k_norm" (or None).
+        kind: the weights' kind, "bf16w" or "bf16x" (one for all)."""
+        self.cfg, self.lib, self.kind = cfg, lib, _KINDS[kind]
         self._context = None  # a drafter's (fc panels, hidden_norm weight, tap width)
         self._keep: list[torch.Tensor] = []  # tensors whose addresses the kernel gets
         rows = []
@@ -63,7 +74,7 @@ class NativeStack:
         fn = lib.dspark_decoder_bf16w
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 8
                        + [ctypes.c_void_p] * 5 + [ctypes.c_float] * 2 + [ctypes.c_void_p] * 3
-                       + [ctypes.c_int64, ctypes.c_int])
+                       + [ctypes.c_int64, ctypes.c_int, ctypes.c_int])
         fn.restype = ctypes.c_int
 
     @staticmethod
@@ -79,6 +90,10 @@ class NativeStack:
         lib = cls._lib()
         if lib is None or not len(layers):
             return None
+        kind = _one_kind(m for layer in layers for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                         layer.down_proj))
+        if kind is None:
+            return None
         parts = []
         for layer in layers:
             if any(b is not None for b in (layer.o_proj.bias, layer.gate_up_proj.bias, layer.down_proj.bias)):
@@ -93,7 +108,7 @@ class NativeStack:
                               qkv_b=None if bias is None else bias.to(torch.float32),
                               **dict(zip(("ln1", "ln2", "q_norm", "k_norm"),
                                          (None if n is None else n.weight for n in norms)))))
-        return cls(layers[0].cfg, parts, lib)
+        return cls(layers[0].cfg, parts, lib, kind)
 
     @classmethod
     def for_drafter_layers(cls, cfg, layers: nn.ModuleList, fc: nn.Linear | None = None,
@@ -106,6 +121,12 @@ class NativeStack:
         `context_kv` writes context keys and values too."""
         lib = cls._lib()
         if lib is None or not len(layers) or cfg.head_dim % 8:
+            return None
+        lins_all = [m for layer in layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                    layer.self_attn.v_proj, layer.self_attn.o_proj,
+                                                    layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+        kind = _one_kind(lins_all + ([fc] if fc is not None else []))
+        if kind is None:
             return None
         context = None
         if fc is not None:
@@ -130,12 +151,13 @@ class NativeStack:
                               gu=torch.cat([_packed(mlp.gate_proj), _packed(mlp.up_proj)]), down=_packed(mlp.down_proj),
                               **dict(zip(("ln1", "ln2", "q_norm", "k_norm"),
                                          (None if n is None else n.weight for n in norms)))))
-        stack = cls(cfg, parts, lib)
+        stack = cls(cfg, parts, lib, kind)
         stack._context = context
         if context is not None:
             fn = lib.dspark_drafter_context_bf16w
             fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3
-                           + [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+                           + [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 4
+                           + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
             fn.restype = ctypes.c_int
         return stack
 
@@ -180,7 +202,8 @@ class NativeStack:
                 x.data_ptr(), n, self.ptrs.data_ptr(), len(self.ptrs), hidden, cfg.num_heads, kvh, d, inter, s,
                 length, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), pos.data_ptr(),
                 None if vis is None else vis.data_ptr(), cfg.rms_norm_eps,
-                d ** -0.5, scratch.data_ptr(), taps.data_ptr(), cols.data_ptr(), ntaps, torch.get_num_threads()):
+                d ** -0.5, scratch.data_ptr(), taps.data_ptr(), cols.data_ptr(), ntaps, torch.get_num_threads(),
+                self.kind):
             raise IndexError(f"attention: a slot or position is outside the cache ({s} slots, {length} positions)")
         return x, taps
 
@@ -206,5 +229,5 @@ class NativeStack:
         if self.lib.dspark_drafter_context_bf16w(
                 taps.data_ptr(), n, width, fc.data_ptr(), hn.data_ptr(), self.ptrs.data_ptr(), len(self.ptrs),
                 hidden, cfg.num_heads, kvh, d, s, length, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-                pos.data_ptr(), cfg.rms_norm_eps, scratch.data_ptr(), torch.get_num_threads()):
+                pos.data_ptr(), cfg.rms_norm_eps, scratch.data_ptr(), torch.get_num_threads(), self.kind):
             raise IndexError(f"context_kv: a slot or position is outside the cache ({s} slots, {length} positions)")

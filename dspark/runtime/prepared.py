@@ -48,7 +48,7 @@ def prepared_path(src: Path, precision: str) -> Path | None:
     if sum(st.st_size for _, st in stats) < MIN_BYTES:
         return None
     ident = "|".join(f"{f}:{st.st_size}:{st.st_mtime_ns}" for f, st in stats)
-    if precision == "bf16w":
+    if precision in ("bf16w", "bf16x"):
         from . import cpu_kernels
 
         ident += "|" + cpu_kernels.build_id()

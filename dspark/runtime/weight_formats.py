@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import PackedBf16, gemm_bf16w
+from .cpu_kernels import PackedBf16, PackedBf16Dot, gemm_bf16w, gemm_bf16x
 
 
 class _PackedLinearForward:
@@ -78,20 +78,46 @@ class _Bf16WeightLinearForward:
         return gemm_bf16w(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
 
 
+class _Bf16DotLinearForward(_Bf16WeightLinearForward):
+    """The `bf16x` precision's linear: bf16 weights packed in pairs, the fp32 input
+    rounded to bf16, fp32 accumulation (`cpu_kernels.gemm_bf16x`: AMX or VDPBF16PS)."""
+
+    def __init__(self, module: nn.Linear) -> None:
+        self.module = module
+        self.packed = PackedBf16Dot(module.weight.detach())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
+            bias = None if m.bias is None else m.bias.float()
+            return F.linear(x.float().to(torch.bfloat16).float(), m.weight.float(), bias).to(x.dtype)
+        return gemm_bf16x(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
+
+
+def weight_kind(mod: nn.Module) -> str | None:
+    """"bf16w" or "bf16x" for a linear switched to a native kernel, else None."""
+    fwd = mod.__dict__.get("forward")
+    if isinstance(fwd, _Bf16DotLinearForward):
+        return "bf16x"
+    return "bf16w" if isinstance(fwd, _Bf16WeightLinearForward) else None
+
+
 def linear_input_dtype(mod: nn.Linear) -> torch.dtype:
-    """The dtype a linear's input should have: fp32 for a bf16w linear (bf16 weights,
-    fp32 compute), else its weight's."""
+    """The dtype a linear's input should have: fp32 for a bf16w or bf16x linear (bf16
+    weights, fp32 activations), else its weight's."""
     return torch.float32 if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward) else mod.weight.dtype
 
 
 def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = None,
-                     embeddings: bool = True) -> int:
+                     embeddings: bool = True, kind: str = "bf16w") -> int:
     """Store every `nn.Linear` weight (and, with `embeddings`, embedding table) of
     `model` in bf16 and run the linears through the native bf16-weight/fp32-compute
     kernel; everything else (norms, rotary tables, KV cache, activations) stays fp32.
     Tied weights stay tied. `panels`: the kernel's packing of each linear by module
-    name, made earlier (`bf16w_panels`); the others are packed here. Returns how many
-    linears were switched."""
+    name, made earlier (`bf16w_panels`); the others are packed here. With kind
+    "bf16x", linears whose input width is a multiple of 32 take the bf16x kernel
+    instead (inputs rounded to bf16; the others stay bf16w). Returns how many linears
+    were switched."""
     converted: dict[int, nn.Parameter] = {}
 
     def to_bf16(p: nn.Parameter) -> nn.Parameter:
@@ -107,9 +133,12 @@ def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = 
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu" and "forward" not in mod.__dict__:
             mod.weight = to_bf16(mod.weight)
-            ready = panels.get(name)
-            packed = None if ready is None else PackedBf16.from_panels(ready, mod.out_features)
-            mod.forward = _Bf16WeightLinearForward(mod, packed)
+            if kind == "bf16x" and mod.in_features % 32 == 0:
+                mod.forward = _Bf16DotLinearForward(mod)
+            else:
+                ready = panels.get(name)
+                packed = None if ready is None else PackedBf16.from_panels(ready, mod.out_features)
+                mod.forward = _Bf16WeightLinearForward(mod, packed)
             n += 1
     return n
 
@@ -117,7 +146,7 @@ def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = 
 def bf16w_panels(model: nn.Module) -> dict[str, torch.Tensor]:
     """The native kernel's packing of each bf16w linear of `model`, by module name."""
     return {name: mod.forward.packed.data for name, mod in model.named_modules()
-            if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward)}
+            if weight_kind(mod) == "bf16w"}
 
 
 @contextmanager

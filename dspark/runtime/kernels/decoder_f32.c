@@ -19,6 +19,16 @@
 
 #include "kernels.h"
 
+/* The layers' matmul: 0 = bf16w (fp32 activations), 1 = bf16x (bf16 activations, see
+ * gemm_bf16dot.c); both batch-invariant. */
+static void gemm(int kind, const float *x, const uint16_t *wp, const float *bias, float *y, int64_t M, int64_t N,
+                 int64_t K, int threads) {
+    if (kind == 1)
+        dspark_gemm_bf16x_packed(x, wp, bias, y, M, N, K, threads);
+    else
+        dspark_gemm_bf16w_packed(x, wp, bias, y, M, N, K, threads);
+}
+
 /* The pointers of one layer, in this order, as int64 (see native_stack.py). */
 enum { W_QKV, B_QKV, W_O, W_GU, W_DOWN, LN1, LN2, K_CACHE, V_CACHE, Q_NORM, K_NORM, LAYER_PTRS };
 
@@ -32,14 +42,15 @@ int dspark_decoder_bf16w(float *x, int64_t N, const int64_t *ptrs, int64_t layer
                          int64_t KVH, int64_t D, int64_t I, int64_t S, int64_t L, const float *cos,
                          const float *sin, const int64_t *slots, const int64_t *positions, const int64_t *visible,
                          float eps, float scale,
-                         float *scratch, float *taps, const int64_t *tap_col, int64_t ntaps, int threads) {
+                         float *scratch, float *taps, const int64_t *tap_col, int64_t ntaps, int threads,
+                         int kind) {
     const int64_t W = (H + 2 * KVH) * D;
     float *h = scratch, *tmp = h + N * hidden, *qkv = tmp + N * hidden, *ao = qkv + N * W, *gu = ao + N * H * D,
           *act = gu + N * 2 * I;
     for (int64_t l = 0; l < layers; l++) {
         const int64_t *p = ptrs + l * LAYER_PTRS;
         dspark_rmsnorm_f32(x, (const float *)p[LN1], h, N, hidden, eps, threads);
-        dspark_gemm_bf16w_packed(h, (const uint16_t *)p[W_QKV], (const float *)p[B_QKV], qkv, N, W, hidden,
+        gemm(kind, h, (const uint16_t *)p[W_QKV], (const float *)p[B_QKV], qkv, N, W, hidden,
                                  threads);
         if (p[Q_NORM])
             for (int64_t n = 0; n < N; n++) {
@@ -51,12 +62,12 @@ int dspark_decoder_bf16w(float *x, int64_t N, const int64_t *ptrs, int64_t layer
         if (dspark_attention_f32_span(qkv, W, (float *)p[K_CACHE], (float *)p[V_CACHE], slots, positions, visible,
                                       ao, N, S, H, KVH, D, L, scale, threads))
             return -1;
-        dspark_gemm_bf16w_packed(ao, (const uint16_t *)p[W_O], 0, tmp, N, hidden, H * D, threads);
+        gemm(kind, ao, (const uint16_t *)p[W_O], 0, tmp, N, hidden, H * D, threads);
         for (int64_t i = 0; i < N * hidden; i++) x[i] = x[i] + tmp[i];
         dspark_rmsnorm_f32(x, (const float *)p[LN2], h, N, hidden, eps, threads);
-        dspark_gemm_bf16w_packed(h, (const uint16_t *)p[W_GU], 0, gu, N, 2 * I, hidden, threads);
+        gemm(kind, h, (const uint16_t *)p[W_GU], 0, gu, N, 2 * I, hidden, threads);
         dspark_silu_mul_f32(gu, act, N, I, threads);
-        dspark_gemm_bf16w_packed(act, (const uint16_t *)p[W_DOWN], 0, tmp, N, hidden, I, threads);
+        gemm(kind, act, (const uint16_t *)p[W_DOWN], 0, tmp, N, hidden, I, threads);
         for (int64_t i = 0; i < N * hidden; i++) x[i] = x[i] + tmp[i];
         if (tap_col[l] >= 0)
             for (int64_t n = 0; n < N; n++)
@@ -77,19 +88,19 @@ int dspark_drafter_context_bf16w(const float *taps, int64_t N, int64_t tap_width
                                  const float *hn, const int64_t *ptrs, int64_t layers, int64_t hidden, int64_t H,
                                  int64_t KVH, int64_t D, int64_t S, int64_t L, const float *cos, const float *sin,
                                  const int64_t *slots, const int64_t *positions, float eps, float *scratch,
-                                 int threads) {
+                                 int threads, int kind) {
     for (int64_t t = 0; t < N; t++)
         if (slots[t] < 0 || slots[t] >= S || positions[t] < 0 || positions[t] >= L) return -1;
     const int64_t KV = 2 * KVH * D;
     float *f = scratch, *tmp = f + N * hidden, *kv = tmp + N * hidden;
-    dspark_gemm_bf16w_packed(taps, fc, 0, tmp, N, hidden, tap_width, threads);
+    gemm(kind, taps, fc, 0, tmp, N, hidden, tap_width, threads);
     dspark_rmsnorm_f32(tmp, hn, f, N, hidden, eps, threads);
     for (int64_t l = 0; l < layers; l++) {
         const int64_t *p = ptrs + l * LAYER_PTRS;
         /* the packed weight is panels of [hidden][16]: the keys' panels start at panel H*D/16 */
         const uint16_t *wkv = (const uint16_t *)p[W_QKV] + H * D * hidden;
         const float *bkv = p[B_QKV] ? (const float *)p[B_QKV] + H * D : 0;
-        dspark_gemm_bf16w_packed(f, wkv, bkv, kv, N, KV, hidden, threads);
+        gemm(kind, f, wkv, bkv, kv, N, KV, hidden, threads);
         if (p[K_NORM])
             for (int64_t n = 0; n < N; n++) dspark_rmsnorm_f32(kv + n * KV, (const float *)p[K_NORM], kv + n * KV,
                                                                KVH, D, eps, threads);
