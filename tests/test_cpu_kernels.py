@@ -124,10 +124,10 @@ def test_precision_names_and_auto_choice(tiny_hf):
     picked, line = choose_precision(model.cfg, repeats=2)
     # auto picks only precisions whose every kernel is batch-invariant (tested in this
     # file and by the greedy exactness tests), never oneDNN bf16, also where it is faster
-    assert picked in ("fp32", "bf16w") and line.startswith(f"dtype auto: {picked}")
+    assert picked in ("fp32", "bf16w", *BF16X_PRECISIONS) and line.startswith(f"dtype auto: {picked}")
     said = []
     auto = load_transformer(path, "auto", log=said.append)
-    assert auto.precision in ("fp32", "bf16w") and said and said[0].startswith("dtype auto:")
+    assert auto.precision in ("fp32", "bf16w", *BF16X_PRECISIONS) and said and said[0].startswith("dtype auto:")
     said.clear()
     load_transformer(path, "bf16", log=said.append)
     assert said and "differ from plain decoding" in said[0]
@@ -246,6 +246,28 @@ def test_native_and_torch_paths_agree(tiny_hf, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     assert not model._native_attention(KVCachePool(model.cfg, 1, 8, model.dtype))
     torch.testing.assert_close(native, run(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("precision", BF16X_PRECISIONS)
+def test_bf16x_model_matches_transformers_with_rounded_weights_and_inputs(tiny_hf, precision):
+    """bf16x against an independent reference: the Hugging Face model with bf16-rounded
+    weights, run in fp32 with every linear's input rounded to bf16 (a forward pre-hook),
+    over a prefill and a continuation."""
+    kind, path, hf = tiny_hf
+    model = load_transformer(path, precision)
+    assert model.precision == "bf16x" and model.dtype == torch.float32
+    ref = _bf16_rounded_hf(hf)
+    for mod in ref.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.register_forward_pre_hook(lambda m, args: (args[0].to(torch.bfloat16).float(),))
+    ids = list(range(5, 25))
+    cache = KVCachePool(model.cfg, 2, 64, model.dtype)
+    slot = cache.allocate(0)
+    first = model(FlatBatch.from_requests([ids[:12]], [0], [slot], logits="all"), cache)[0]
+    rest = model(FlatBatch.from_requests([ids[12:]], [12], [slot], logits="all"), cache)[0]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(torch.cat([first, rest]), want, atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize("precision", ["bf16w", *BF16X_PRECISIONS])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import BF16X_PRECISIONS
 
 from dspark.runtime import cpu_kernels, prepared
 from dspark.runtime.batch import FlatBatch
@@ -19,7 +20,7 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
     return model(batch, cache)[0]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16w"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16w", *BF16X_PRECISIONS])
 def test_prepared_layout_is_mapped_and_exact(tiny_hf, tmp_path, monkeypatch, precision):
     kind, path, _ = tiny_hf
     if precision == "bf16w" and not cpu_kernels.available():

@@ -107,7 +107,8 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     """The fastest batch-invariant CPU precision for this model on this CPU, by a short
     measurement (well under a second): a decode-sized (1 row) and a verification-sized
     (8 rows) product with the model's MLP shape, for bf16w (where the native kernel
-    builds) and fp32. Returns (precision, a line saying what was measured)."""
+    builds), fp32, and bf16x where the CPU has AMX or avx512_bf16. Returns (precision,
+    a line saying what was measured)."""
     best, line, _ = _measure_precisions(cfg, repeats)
     return best, line
 
@@ -122,7 +123,7 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     import time
 
     from . import cpu_kernels
-    from .weight_formats import _Bf16WeightLinearForward
+    from .weight_formats import _Bf16DotLinearForward, _Bf16WeightLinearForward
 
     if not cpu_kernels.available():
         why = cpu_kernels.why_unavailable()
@@ -134,10 +135,13 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     steady = True
     with torch.inference_mode():
         for name in BATCH_INVARIANT_CPU:
+            if name == "bf16x" and (cpu_kernels.bf16x_kernel() is None or cfg.hidden_size % 32):
+                continue
             lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
-            lin.weight = torch.nn.Parameter(w.to(torch.bfloat16 if name == "bf16w" else torch.float32),
+            lin.weight = torch.nn.Parameter(w.to(torch.float32 if name == "fp32" else torch.bfloat16),
                                             requires_grad=False)
-            fwd = _Bf16WeightLinearForward(lin) if name == "bf16w" else lin.forward
+            fwd = {"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward}.get(name)
+            fwd = lin.forward if fwd is None else fwd(lin)
             times = []
             for r in range(repeats + 2):
                 t0 = time.perf_counter()
@@ -151,6 +155,10 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     # bf16w first unless fp32 is clearly faster, so a near-tie does not flip the
     # precision (and the outputs) from one start to the next.
     best = "bf16w" if ms["bf16w"] <= 1.1 * ms["fp32"] else "fp32"
+    # bf16x (AMX or avx512_bf16) where it is clearly faster: several times faster for
+    # multi-token steps and prefill (served: BENCHMARKS.md "bf16x")
+    if "bf16x" in ms and ms["bf16x"] <= 0.9 * ms[best]:
+        best = "bf16x"
     report = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(ms.items(), key=lambda kv: kv[1]))
     return best, f"dtype auto: {best} (decode-sized matmuls: {report})", steady
 
