@@ -317,8 +317,8 @@ class DSparkAsync(VerifyLengthPolicy):
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
         self.probing = False
-        if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or self._warming():
-            return True
+        if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or len(self._history) < self.lag:
+            return True  # the first steps draft: their survivals are what later decisions rest on
         plain = num_requests / self.table.target_time(num_requests)
         if self._rates(num_requests, num_drafted).max() > plain:
             self._skipped = 0
