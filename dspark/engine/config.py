@@ -52,9 +52,9 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: what a missing --speculative-config means in every command: the DSpark drafter
 #: shipped for the target, with adaptive verification; a target without one runs
 #: without speculation (with a warning). 'none' turns speculation off.
-#: hybrid drafting (DSpark + prompt lookup) with adaptive verification: 1.18x plain decoding
-#: at one request, 1.07x at four, 0.91-1.02x at sixteen (BENCHMARKS.md, "Speculation that
-#: pays at every load")
+#: hybrid drafting (DSpark + prompt lookup) with adaptive verification: served, 1.18x plain
+#: decoding at one request, 1.12x at four, 0.84x at sixteen, 0.79x at 32 in bf16x
+#: (BENCHMARKS.md, "bf16x: AMX tiles, ...")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True}
 
 
