@@ -118,3 +118,28 @@ def test_draft_gate_backs_off_and_resets():
     assert all(gate.wants_draft("r") for _ in range(3))
     gate.release("r")
     assert gate.wants_draft("r") and gate.skipped == 7
+
+
+def test_requests_whose_lookup_never_pays_leave_the_lookup_rows(default_target_fp32):
+    """Hybrid drafting where verification is far too dear for any lookup token to pay:
+    the scheduler verifies none of them, so after a few steps each request is left out
+    of prompt lookup too and only probed; the output stays plain decoding's."""
+    from dspark.engine.config import SpeculativeConfig
+    from dspark.schedule.step_time import StepTimeTable
+
+    target = default_target_fp32
+    prompts = [target.tokenizer.chat_prompt(p) for p in PROMPTS[:2]]
+    plain = [generate_plain(target, p, SamplingParams(max_tokens=24)).token_ids for p in prompts]
+    steep = StepTimeTable.synthetic(base_ms=10, knee=1, per_token_ms=1000, max_tokens=4096, drafter_ms=1000)
+    spec = SpeculativeConfig(method="dspark", lookup=True, enable_adaptive_verification=True, live_step_time=False)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512), step_table=steep)
+    hybrid = engine.runner.drafter
+    looked = []
+    real = hybrid.lookup_only
+    hybrid.lookup_only = lambda ids, *a: looked.append(len(ids)) or real(ids, *a)
+    outs = [s.output_ids for s in engine.generate(prompts, SamplingParams(max_tokens=24))]
+    assert outs == plain
+    assert engine.total_stats().accepted_tokens == 0
+    # ~46 request-steps without the gate: 3 each before it closes, then probes
+    assert 4 <= sum(looked) <= 14, looked
+    assert engine.runner.lookup_gate.skipped >= 2 * sum(looked)
