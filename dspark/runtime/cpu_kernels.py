@@ -195,6 +195,22 @@ class PackedBf16:
         return self
 
 
+def _run_packed(fn, x: torch.Tensor, packed, bias: torch.Tensor | None, name: str) -> torch.Tensor:
+    """x [..., K] through a packed-weight matmul kernel `fn` of the library -> [..., N] fp32."""
+    n, k = packed.out_features, packed.in_features
+    if x.shape[-1] != k:
+        raise ValueError(f"input has {x.shape[-1]} features, the weight expects {k}")
+    if x.device.type != "cpu":
+        raise TypeError(f"{name} takes CPU activations")
+    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+    b = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
+    if x2.shape[0]:
+        fn(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(), out.data_ptr(), x2.shape[0],
+           n, k, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)
+
+
 def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] fp32 @ weight[N, K].T (bf16) (+ bias [N] fp32) -> [..., N] fp32.
@@ -204,18 +220,7 @@ def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",
     if lib is None:
         raise RuntimeError(f"native bf16w kernel unavailable: {_why}")
     packed = weight if isinstance(weight, PackedBf16) else PackedBf16(weight)
-    n, k = packed.out_features, packed.in_features
-    if x.shape[-1] != k:
-        raise ValueError(f"input has {x.shape[-1]} features, the weight expects {k}")
-    if x.device.type != "cpu":
-        raise TypeError("gemm_bf16w takes CPU activations")
-    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-    b = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    if x2.shape[0]:
-        lib.dspark_gemm_bf16w_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
-                                     out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
+    return _run_packed(lib.dspark_gemm_bf16w_packed, x, packed, bias, "gemm_bf16w")
 
 
 class PackedBf16Dot:
@@ -243,16 +248,7 @@ def gemm_bf16dot(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | No
     """x [..., K] fp32, rounded to bf16, @ weight[N, K].T (+ bias) with fp32 accumulation."""
     if not bf16dot_available():
         raise RuntimeError("the bf16x kernel needs a CPU with avx512_bf16 and the native kernels")
-    n, k = packed.out_features, packed.in_features
-    if x.shape[-1] != k or x.device.type != "cpu":
-        raise ValueError(f"input [..., {x.shape[-1]}] on {x.device} does not fit the weight's {k} CPU features")
-    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-    b = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    if x2.shape[0]:
-        _lib.dspark_gemm_bf16dot_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
-                                        out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
+    return _run_packed(_lib.dspark_gemm_bf16dot_packed, x, packed, bias, "gemm_bf16dot")
 
 
 def amx_available() -> bool:
@@ -265,16 +261,9 @@ def gemm_bf16amx(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | No
     """`gemm_bf16dot` on AMX tiles (in_features a multiple of 32)."""
     if not amx_available():
         raise RuntimeError("AMX bf16 tiles are not available on this CPU")
-    n, k = packed.out_features, packed.in_features
-    if x.shape[-1] != k or k % 32:
-        raise ValueError(f"input [..., {x.shape[-1]}]: the AMX kernel needs the weight's {k} features, a multiple of 32")
-    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-    b = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    if x2.shape[0]:
-        _lib.dspark_gemm_bf16amx_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
-                                        out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
+    if packed.in_features % 32:
+        raise ValueError(f"the AMX kernel needs in_features a multiple of 32, not {packed.in_features}")
+    return _run_packed(_lib.dspark_gemm_bf16amx_packed, x, packed, bias, "gemm_bf16amx")
 
 
 def bf16x_kernel() -> str | None:
@@ -289,16 +278,7 @@ def gemm_bf16x(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | None
     VDPBF16PS; the same choice for every call of a process."""
     if bf16x_kernel() is None:
         raise RuntimeError("the bf16x precision needs a CPU with avx512_bf16 (or AMX) and the native kernels")
-    n, k = packed.out_features, packed.in_features
-    if x.shape[-1] != k or x.device.type != "cpu":
-        raise ValueError(f"input [..., {x.shape[-1]}] on {x.device} does not fit the weight's {k} CPU features")
-    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-    b = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    if x2.shape[0]:
-        _lib.dspark_gemm_bf16x_packed(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(),
-                                      out.data_ptr(), x2.shape[0], n, k, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
+    return _run_packed(_lib.dspark_gemm_bf16x_packed, x, packed, bias, "gemm_bf16x")
 
 
 def _lib_or_raise() -> ctypes.CDLL:
