@@ -11,6 +11,12 @@ time to settle.
 
     python3 scripts/bench_steady_state.py --concurrency 16 --num-prompts 200 --rounds 2
     python3 scripts/bench_steady_state.py --configs plain,default,fallback --json out.json
+
+With --phases, each configuration's steps of its last round are also split: steps with
+a prompt chunk ("mixed") and pure decode steps, and for the latter the mean ms per
+step in the target's forward, the drafter's call, selection (lookup, the policy,
+merging drafts) and everything else, the draft tokens verified and the tokens emitted
+per step, and the share of steps that drafted.
 """
 
 from __future__ import annotations
@@ -30,6 +36,48 @@ CONFIGS = {
 }
 
 
+def watch_steps(engine) -> list[dict]:
+    """Record every step of `engine` from now on: its phases as the runner timed them."""
+    steps: list[dict] = []
+    inner, runner = engine.step, engine.runner
+
+    def step():
+        t = time.perf_counter()
+        out = inner()
+        seconds = time.perf_counter() - t
+        lengths = runner.last_verify_lengths
+        mixed = runner.last_forward_tokens != len(lengths) + sum(lengths)  # a prompt chunk rode along
+        if out:
+            steps.append({"s": seconds, "target": runner.last_target_seconds, "draft": runner.last_draft_seconds,
+                          "select": runner.last_select_seconds, "mixed": mixed,
+                          "verified": sum(runner.last_verify_lengths), "drafted": runner.last_drafted_requests,
+                          "emitted": sum(len(o.new_tokens) for o in out), "rows": len(out)})
+        return out
+
+    engine.step = step
+    return steps
+
+
+def phase_summary(steps: list[dict]) -> dict:
+    dec = [s for s in steps if not s["mixed"]]
+    if not dec:
+        return {"steps": len(steps), "decode_steps": 0}
+    n = len(dec)
+
+    def ms(key):
+        return round(1e3 * sum(s[key] for s in dec) / n, 2)
+
+    other = 1e3 * sum(s["s"] - s["target"] - s["draft"] - s["select"] for s in dec) / n
+    return {"steps": len(steps), "mixed_steps": len(steps) - n, "mixed_ms": round(
+            1e3 * sum(s["s"] for s in steps if s["mixed"]) / max(len(steps) - n, 1), 2),
+            "decode_steps": n, "ms": ms("s"), "target_ms": ms("target"), "draft_ms": ms("draft"),
+            "select_ms": ms("select"), "other_ms": round(other, 2),
+            "rows": round(sum(s["rows"] for s in dec) / n, 1),
+            "verified": round(sum(s["verified"] for s in dec) / n, 2),
+            "emitted": round(sum(s["emitted"] for s in dec) / n, 2),
+            "drafting_share": round(sum(1 for s in dec if s["drafted"]) / n, 3)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="plain,default", help=f"from {', '.join(CONFIGS)} (default: %(default)s)")
@@ -38,6 +86,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="(default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--phases", action="store_true", help="also split the last round's steps by phase")
     args = ap.parse_args()
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     if any(n not in CONFIGS for n in names) or "plain" not in names or args.rounds < 1:
@@ -55,17 +104,22 @@ def main() -> int:
                for p in heldout_prompts("mixed", args.num_prompts)]
     c = args.concurrency
     results: dict[str, list[float]] = {n: [] for n in names}
+    phases: dict[str, dict] = {}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             spec = SpeculativeConfig(**CONFIGS[name]) if CONFIGS[name] else None
             engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=c, max_model_len=2048))
             engine.generate(prompts[:c], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+            steps = watch_steps(engine) if args.phases and r == args.rounds - 1 else None
             t0 = time.perf_counter()
             seqs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
             seconds = time.perf_counter() - t0
             tps = sum(len(s.output_ids) for s in seqs) / seconds
             results[name].append(tps)
             print(f"round {r + 1}/{args.rounds} {name}: {tps:.1f} tok/s ({seconds:.0f} s)", flush=True)
+            if steps is not None:
+                phases[name] = phase_summary(steps)
+                print("  " + json.dumps(phases[name]), flush=True)
     print(f"\n{len(prompts)} prompts, concurrency {c}, {args.max_tokens} tokens, {args.rounds} rounds")
     summary = {}
     for name, v in results.items():
@@ -76,7 +130,7 @@ def main() -> int:
               f"[{min(ratios):.3f}-{max(ratios):.3f}]")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "results": summary}, fh, indent=1)
+            json.dump({"args": vars(args), "results": summary, "phases": phases}, fh, indent=1)
     return 0
 
 

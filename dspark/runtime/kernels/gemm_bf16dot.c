@@ -179,7 +179,8 @@ TBF void dspark_gemm_bf16dot_packed(const float *x, const uint16_t *wp, const fl
  * other rows of the tile hold, so the result is batch-invariant too; it is not the
  * bits of the VDPBF16PS kernel (the hardware sums a block's 32 products in its own
  * order). Linux hands out the tile registers only on request
- * (`dspark_amx_available` asks once per process). */
+ * (`dspark_amx_available` asks once per process; DSPARK_NO_AMX=1 declines them, which
+ * runs a CPU with AMX as one with avx512_bf16 alone). */
 #include <sys/syscall.h>
 #include <unistd.h>
 #define TAMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
@@ -193,6 +194,8 @@ static int amx_state = -1;
 int dspark_amx_available(void) {
     if (amx_state >= 0) return amx_state;
     amx_state = 0;
+    const char *off = getenv("DSPARK_NO_AMX"); /* the VDPBF16PS kernel even where AMX runs */
+    if (off && *off && *off != '0') return 0;
     __builtin_cpu_init();
     if (!dspark_gemm_bf16dot_available()) return 0;
     unsigned a, b, c, d;
