@@ -62,21 +62,20 @@ def _run(precision: str, **env: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not cpu_kernels.available(), reason="native kernels unavailable")
-def test_avx2_kernel_greedy_speculation_is_exact():
-    """bf16w as an AVX2-only CPU runs it (the precision `auto` picks there)."""
-    out = _run("bf16w", DSPARK_GEMM_ISA="avx2")
-    assert out["gemm_isa"] == "avx2" and out["precision"] == "bf16w"
-    for name in ("dspark", "eagle3", "hybrid", "dspark-chunked", "plain-chunked"):
-        assert out[name] == [], (name, out)
+VARIANTS = [
+    # bf16w as an AVX2-only CPU runs it (the precision `auto` picks there)
+    pytest.param("bf16w", {"DSPARK_GEMM_ISA": "avx2"}, ("gemm_isa", "avx2"), id="bf16w-avx2",
+                 marks=pytest.mark.skipif(not cpu_kernels.available(), reason="native kernels unavailable")),
+    # bf16x on avx512_bf16 dot products, as a CPU without AMX runs it
+    pytest.param("bf16x", {"DSPARK_NO_AMX": "1"}, ("bf16x_kernel", "avx512_bf16"), id="bf16x-no-amx",
+                 marks=pytest.mark.skipif(not cpu_kernels.bf16dot_available(), reason="no avx512_bf16 here")),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not cpu_kernels.bf16dot_available(), reason="this CPU has no avx512_bf16")
-def test_bf16x_dot_product_kernel_greedy_speculation_is_exact():
-    """bf16x on avx512_bf16 dot products, as a CPU without AMX runs it."""
-    out = _run("bf16x", DSPARK_NO_AMX="1")
-    assert out["bf16x_kernel"] == "avx512_bf16" and out["precision"] == "bf16x"
+@pytest.mark.parametrize("precision,env,kernel", VARIANTS)
+def test_other_cpu_kinds_kernels_keep_greedy_speculation_exact(precision, env, kernel):
+    out = _run(precision, **env)
+    assert out["precision"] == precision and out[kernel[0]] == kernel[1], out  # the variant really ran
     for name in ("dspark", "eagle3", "hybrid", "dspark-chunked", "plain-chunked"):
         assert out[name] == [], (name, out)
