@@ -23,10 +23,14 @@ from dspark.runtime.target import Target
 
 
 def default_token_counts(max_tokens: int = 512) -> list[int]:
-    """Every count up to 16 (where one forward costs about the same and the
-    scheduler's choices fall), then about 1.5x apart (where the cost grows linearly
-    and the table interpolates), so that a profile takes seconds, not minutes."""
-    grid = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
+    """Every count up to 40, where the scheduler's choices fall from one request to
+    32 (a matmul's cost jumps at each multiple of its row tile: 6 rows in the AVX2
+    kernel, 16 on AMX, where a 33-token step of 28 requests costs a quarter more than
+    a 28-token one, and a table that interpolated 32 to 48 linearly priced such a
+    verification at a fraction of that); both sides of the AMX tile edges at 48 and 64;
+    then about 1.5x apart, where the cost grows linearly and the table interpolates,
+    so that a profile takes seconds, not minutes."""
+    grid = list(range(1, 41)) + [48, 49, 64, 65, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
     out = [n for n in grid if n <= max_tokens]
     if out[-1] != max_tokens:
         out.append(max_tokens)
@@ -60,7 +64,9 @@ def cache_key(target: Target, device: str, context_len: int, tokens_per_request:
 
     # the kernels' build: a faster runtime must not reuse the old runtime's step times
     kernels = cpu_kernels.build_id() if device == "cpu" and cpu_kernels.available() else "-"
-    h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}|{kernels}".encode()).hexdigest()[:10]
+    # the grid too: a table measured on an older, coarser grid is measured again
+    grid = ",".join(map(str, default_token_counts(4096)))
+    h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}|{kernels}|{grid}".encode()).hexdigest()[:10]
     dtype = getattr(target, "precision", None) or str(target.dtype).removeprefix("torch.")
     return f"{target.path.name}-{dtype}-{device}-{h}"
 
