@@ -50,7 +50,7 @@ def watch_steps(engine) -> list[dict]:
         if out:
             steps.append({"s": seconds, "target": runner.last_target_seconds, "draft": runner.last_draft_seconds,
                           "select": runner.last_select_seconds, "mixed": mixed,
-                          "verified": sum(runner.last_verify_lengths), "drafted": runner.last_drafted_requests,
+                          "verified": sum(lengths), "drafted": runner.last_drafted_requests,
                           "emitted": sum(len(o.new_tokens) for o in out), "rows": len(out)})
         return out
 

@@ -19,18 +19,23 @@ from pathlib import Path
 
 
 def load(path: Path) -> tuple[list[dict], dict[int, int]]:
-    """The held-out evaluations, and position-1 examples seen by each logged step."""
-    evals, seen, total = [], {}, 0
+    """The held-out evaluations, and position-1 examples seen by each logged step. A
+    resumed run logs the steps after its checkpoint again: the later record of a step
+    (and of an evaluation) replaces the earlier one."""
+    evals, per_step = {}, {}
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
         r = json.loads(line)
         if "heldout_tau" in r:
-            evals.append(r)
+            evals[int(r["step"])] = r
         elif "position1_examples" in r:
-            total += int(r["position1_examples"])
-            seen[int(r["step"])] = total
-    return evals, seen
+            per_step[int(r["step"])] = int(r["position1_examples"])
+    seen, total = {}, 0
+    for step in sorted(per_step):
+        total += per_step[step]
+        seen[step] = total
+    return [evals[s] for s in sorted(evals)], seen
 
 
 def examples_at(seen: dict[int, int], step: int) -> int:

@@ -25,7 +25,7 @@ from dspark.runtime.target import Target
 def default_token_counts(max_tokens: int = 512) -> list[int]:
     """Every count up to 40, where the scheduler's choices fall from one request to
     32 (a matmul's cost jumps at each multiple of its row tile: 6 rows in the AVX2
-    kernel, 16 on AMX, where a 33-token step of 28 requests costs a quarter more than
+    kernel, 16 on AMX, where a 33-token step of 28 requests costs a fifth more than
     a 28-token one, and a table that interpolated 32 to 48 linearly priced such a
     verification at a fraction of that); both sides of the AMX tile edges at 48 and 64;
     then about 1.5x apart, where the cost grows linearly and the table interpolates,
