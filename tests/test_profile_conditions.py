@@ -160,3 +160,28 @@ def test_step_watch_rescales_a_table_that_drifted(monkeypatch, capsys):
     for _ in range(watch.DRIFT_WINDOW):
         watch.record(8, 0, 4.0 * before[1])
     assert watch.refreshes == 1
+
+
+def test_a_stalled_profile_point_is_measured_again_and_the_lower_median_kept(tiny, monkeypatch):
+    counts = [1, 2, 3, 4, 5, 6]
+    first = {1: 10.0, 2: 30.0, 3: 12.0, 4: 13.0, 5: 14.0, 6: 15.0}  # 2 tokens stalled once
+    again = {2: 11.0}
+    calls = []
+
+    def fake(target, token_counts, *a, **k):
+        calls.append(list(token_counts))
+        table = first if len(calls) == 1 else again
+        spreads = a[5] if len(a) > 5 else k.get("spreads")
+        if spreads is not None:
+            spreads.extend(0.01 for _ in token_counts)
+        return [table[n] for n in token_counts]
+
+    monkeypatch.setattr(profiler, "measure_step_times", fake)
+    monkeypatch.setattr(profiler, "busy_cores", lambda interval=0.5: 0.0)
+    monkeypatch.setattr(profiler, "default_token_counts", lambda max_tokens: counts)
+    monkeypatch.setattr(profiling, "NOISY_SPREAD", float("inf"))
+    table, _, _ = profiling.profile_target(tiny, max_tokens=6, quiet=True)
+    assert calls == [counts, [2]]  # only the stalled point, measured once more
+    assert table.raw_ms == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    assert table.step_ms[1] == 11.0  # not a 30 ms plateau from 2 tokens to 6
+    assert table.conditions["remeasured"] == [2]

@@ -20,8 +20,10 @@ from dspark.schedule import (
     NoSpeculation,
     ScheduleError,
     StepTimeTable,
+    isotonic,
     make_monotone,
     make_policy,
+    spikes,
 )
 
 
@@ -115,6 +117,20 @@ def test_drafter_time_adds_to_step_time():
 
 def test_monotone_fix_is_a_running_max():
     assert make_monotone([10.0, 12.0, 11.0, 15.0, 14.0]) == [10.0, 12.0, 12.0, 15.0, 15.0]
+
+
+def test_profile_stalls_are_found_and_tile_edges_are_not():
+    counts = list(range(1, 13)) + [16]
+    raw = [15.0, 24.0, 17.5, 17.4, 18.7, 20.5, 20.0, 22.0, 23.0, 24.0, 24.5, 25.0, 34.0]
+    assert spikes(counts, raw) == [1]  # 2 tokens above 3, 4 and 5 by 40 %: a stall
+    edge = [10.0] * 6 + [16.0] * 6 + [16.5]  # a jump up at a tile edge is a cost, not a stall
+    assert spikes(counts, edge) == []
+
+
+def test_isotonic_pools_by_weight():
+    assert isotonic([59.0, 44.0], [1.0, 17.0]).tolist() == pytest.approx([44.833333, 44.833333])
+    assert isotonic([1.0, 3.0, 2.0, 4.0], [1, 1, 1, 1]).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic([], []).size == 0
     table = StepTimeTable(token_counts=[1, 2, 4, 8, 16], raw_ms=[10.0, 12.0, 11.0, 15.0, 14.0])
     assert table.raw_ms == [10.0, 12.0, 11.0, 15.0, 14.0]
     assert table.step_ms == [10.0, 12.0, 12.0, 15.0, 15.0]

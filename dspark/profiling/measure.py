@@ -66,7 +66,10 @@ def cache_key(target: Target, device: str, context_len: int, tokens_per_request:
     kernels = cpu_kernels.build_id() if device == "cpu" and cpu_kernels.available() else "-"
     # the grid too: a table measured on an older, coarser grid is measured again
     grid = ",".join(map(str, default_token_counts(4096)))
-    h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}|{kernels}|{grid}".encode()).hexdigest()[:10]
+    # and how it is measured: tables from before stalls were measured again are not reused
+    method = "spikes-remeasured"
+    h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}|{kernels}|{grid}|{method}"
+                     .encode()).hexdigest()[:10]
     dtype = getattr(target, "precision", None) or str(target.dtype).removeprefix("torch.")
     return f"{target.path.name}-{dtype}-{device}-{h}"
 

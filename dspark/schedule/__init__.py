@@ -15,7 +15,7 @@ from .policies import (
     as_survival,
     make_policy,
 )
-from .step_time import DrafterTimeTable, ScheduleError, StepTimeTable, make_monotone
+from .step_time import DrafterTimeTable, ScheduleError, StepTimeTable, isotonic, make_monotone, spikes
 
 __all__ = [
     "POLICY_NAMES",
@@ -29,6 +29,8 @@ __all__ = [
     "StepTimeTable",
     "VerifyLengthPolicy",
     "as_survival",
+    "isotonic",
     "make_monotone",
     "make_policy",
+    "spikes",
 ]

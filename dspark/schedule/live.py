@@ -18,9 +18,11 @@ drafting time) corrects the profiled curve where the engine actually runs:
 * between and beyond the counts seen recently the log-ratio is interpolated (flat
   outside), so a count the engine has not run keeps the profile's shape relative to
   its observed neighbours;
-* the live curve is the profile times that ratio, made non-decreasing (a running
-  maximum, as the profile itself is); a count not observed in the last `max_age`
-  steps is forgotten (the machine has changed since), and a single step more than
+* the live curve is the profile times that ratio, made non-decreasing by a weighted
+  isotonic fit (a count seen once is pooled with neighbours seen often, where a
+  running maximum would carry one slow step up to every larger count); a count not
+  observed in the last `max_age` steps is forgotten (the machine has changed since),
+  and a single step more than
   `clip` times off the current estimate counts as `clip` times (a stall moves the
   curve little; a profile off by more than that is still learned, step by step).
 
@@ -34,7 +36,7 @@ import math
 
 import numpy as np
 
-from .step_time import StepTimeTable, load_level
+from .step_time import StepTimeTable, isotonic, load_level
 
 
 class LiveCurve:
@@ -96,8 +98,12 @@ class LiveCurve:
         return np.exp(np.interp(self.counts, self.counts[fresh], self.log_ratio[fresh]))
 
     def ms(self) -> np.ndarray:
-        """The live curve: profiled times times the ratio, non-decreasing."""
-        return np.maximum.accumulate(self.base_ms * self.ratio())
+        """The live curve: profiled times times the ratio, made non-decreasing by a fit
+        weighted by how often each count was observed (`isotonic`): one slow step at a
+        count seen once does not raise the counts above it that were seen many times."""
+        # a count not observed lately holds an interpolated ratio: it weighs little
+        weights = 0.1 + np.where(self.fresh(), np.minimum(self.weight, self.window), 0.0)
+        return isotonic(self.base_ms * self.ratio(), weights)
 
 
 class LiveStepTime:

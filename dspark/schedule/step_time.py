@@ -59,6 +59,38 @@ def make_monotone(times_ms: list[float]) -> list[float]:
     return out
 
 
+def spikes(counts: list[int], raw_ms: list[float], tolerance: float = 0.10, ahead: int = 3) -> list[int]:
+    """Indices of profile points that are probably stalls, not costs: more than
+    `tolerance` above the median of the next `ahead` points. More tokens never cost
+    less in a forward (a kernel's sweet spot is worth a few percent, not tens), so
+    such a point is a step that waited for something else, which a median of five
+    runs does not always remove on a busy or drifting machine. Left in, the running
+    maximum (`make_monotone`) would carry it up to every larger count. The profiler
+    measures these points again and keeps the lower median."""
+    out = []
+    for i in range(len(raw_ms) - 1):
+        nxt = sorted(raw_ms[i + 1: i + 1 + ahead])
+        if raw_ms[i] > (1.0 + tolerance) * nxt[(len(nxt) - 1) // 2]:
+            out.append(i)
+    return out
+
+
+def isotonic(values, weights) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit of `values` (pool adjacent
+    violators): a point observed once above a neighbour observed many times is
+    pooled with it at their weighted mean, rather than lifting every later point as a
+    running maximum would."""
+    blocks: list[list[float]] = []  # [weighted sum, weight, points]
+    for v, w in zip(np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)):
+        blocks.append([v * w, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            s, w2, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += w2
+            blocks[-1][2] += n
+    return np.concatenate([np.full(n, s / w) for s, w, n in blocks]) if blocks else np.zeros(0)
+
+
 def _interp_ms(x: np.ndarray, counts: np.ndarray, times_ms: np.ndarray) -> np.ndarray:
     """Piecewise-linear through the measurements; flat below the first count, and
     beyond the last count continuing the slope of the last segment (flat when only
