@@ -43,7 +43,9 @@ CONFIGS = {
     "dspark-adaptive": {"method": "dspark", "enable_adaptive_verification": True},
     "mtp": {"method": "mtp"},
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
-    "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # the default
+    "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
+    # the default: hybrid with its plain-decoding fallback at 32 requests and more
+    "default": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "plain_fallback": 32},
     # the default with the scheduler's table as profiled at start-up (not corrected by measured steps)
     "hybrid-profiled": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                         "live_step_time": False},

@@ -27,12 +27,14 @@ import statistics
 import sys
 import time
 
-DEFAULT = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True}
+HYBRID = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True}
 CONFIGS = {
     "plain": None,
-    "default": DEFAULT,
-    "fallback": dict(DEFAULT, plain_fallback=True),  # with the plain-decoding fallback
-    "profiled": dict(DEFAULT, live_step_time=False),  # the step-time table as profiled
+    # the default configuration: hybrid, its plain-decoding fallback at 32 requests and more
+    "default": dict(HYBRID, plain_fallback=32),
+    "hybrid": HYBRID,  # without the fallback
+    "fallback": dict(HYBRID, plain_fallback=True),  # the fallback at every load
+    "profiled": dict(HYBRID, plain_fallback=32, live_step_time=False),  # the step-time table as profiled
 }
 
 

@@ -72,6 +72,33 @@ def test_each_load_level_decides_for_itself():
     assert lv is gov.level(20)
 
 
+def test_from_n_requests_only_the_top_levels_are_governed_and_they_start_plain():
+    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=32)
+    assert gov.speculating(1) and gov.speculating(16) and gov.speculating(31)  # never governed
+    assert not gov.speculating(32) and not gov.speculating(40)  # governed: plain first
+    for _ in range(100):
+        gov.record(16, 16, 0.05 / 0.8, 0.05)  # below the governed levels: not recorded
+    assert gov.speculating(16) and gov.steps(SPEC) == 0 and set(gov.summary()) == {"32-63"}
+    modes = []
+    for _ in range(400):  # at 32, speculation wins: after a plain gap and a trial it runs
+        modes.append(gov.level(32).mode)
+        gov.record(32, 32, 0.05 / (1.3 if gov.speculating(32) else 1.0), 0.05)
+    assert modes[:9] == [PLAIN] * 9 and gov.speculating(32)
+    assert modes[200:].count(SPEC) / 200 > 0.8
+    with pytest.raises(ValueError):
+        SpecGovernor(from_requests=0)
+
+
+def test_the_default_configuration_governs_32_requests_and_more():
+    from dspark.engine.config import DEFAULT_SPECULATIVE, SpeculativeConfig
+    from dspark.errors import UserError
+
+    assert SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE).plain_fallback == 32
+    for bad in (0, -4, "yes", 2.5):
+        with pytest.raises(UserError, match="plain_fallback"):
+            SpeculativeConfig(method="dspark", plain_fallback=bad)
+
+
 @pytest.mark.slow
 def test_the_engine_is_exact_while_the_governor_switches(greedy_case):  # noqa: F811
     from dspark.sampling import SamplingParams

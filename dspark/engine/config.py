@@ -55,7 +55,8 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: hybrid drafting (DSpark + prompt lookup) with adaptive verification: served, 1.18x plain
 #: decoding at one request, 1.12x at four, 0.84x at sixteen, 0.79x at 32 in bf16x
 #: (BENCHMARKS.md, "bf16x: AMX tiles, ...")
-DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True}
+DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
+                       "plain_fallback": 32}
 
 
 @dataclass
@@ -77,9 +78,11 @@ class SpeculativeConfig:
     #: (dspark.schedule.live); false keeps the profile as measured at start-up
     live_step_time: bool = True
     #: turn speculation off for stretches where it measures slower than plain decoding
-    #: (dspark.engine.governor); adaptive verification on a CPU only. Off by default: in
-    #: a long run at 16 requests it chose plain decoding while speculation was faster
-    plain_fallback: bool = False
+    #: (dspark.engine.governor); adaptive verification on a CPU only. false: never;
+    #: true: at every load, starting with speculation; an integer N: for steps of N or
+    #: more decoding requests (their power-of-two level and above), starting with plain
+    #: decoding (the default configuration uses 32)
+    plain_fallback: bool | int = False
 
     def __post_init__(self) -> None:
         # the names are drafters' and schedule's (imported here: this module stays
@@ -101,9 +104,11 @@ class SpeculativeConfig:
                 raise UserError(f"markov_candidates applies to the dspark method's Markov head, not {self.method!r}")
         if not isinstance(self.lookup, bool):
             raise UserError(f"lookup must be true or false, got {self.lookup!r}")
-        for name in ("live_step_time", "plain_fallback"):
-            if not isinstance(getattr(self, name), bool):
-                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.live_step_time, bool):
+            raise UserError(f"live_step_time must be true or false, got {self.live_step_time!r}")
+        pf = self.plain_fallback
+        if not isinstance(pf, (bool, int)) or (not isinstance(pf, bool) and pf < 1):
+            raise UserError(f"plain_fallback must be true, false or a number of requests >= 1, got {pf!r}")
         if (self.lookup or self.lookup_calibration) and self.method != "dspark":
             raise UserError(f"lookup (hybrid drafting) combines prompt lookup with the dspark method's confidences, "
                             f"not with {self.method!r}")

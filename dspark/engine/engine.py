@@ -98,7 +98,8 @@ class LLMEngine:
             if step_table is not None and spec is not None and spec.plain_fallback:
                 from .governor import SpecGovernor
 
-                self.governor = SpecGovernor()
+                pf = spec.plain_fallback
+                self.governor = SpecGovernor(from_requests=None if pf is True else int(pf))
             # with a table: against the profile (and it keeps the table true, unless the
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against

@@ -19,10 +19,17 @@ speculation off for such stretches, by measurement rather than by model:
   and falls back to `min_gap` when the other one does, so a settled workload spends
   about trial / max_gap of its steps on the losing mode.
 
-Off by default (`"plain_fallback": true` turns it on): measured on the default model,
-it settled on plain decoding in a long run at 16 requests where speculation alone was
-faster (its trials see too few of the bursts in which lookup pays), and at one request
-its plain trials cost a few percent.
+`"plain_fallback": true` governs every load level, each starting with speculation.
+Measured on the default model, that settled on plain decoding in a long run at 16
+requests where speculation alone was faster (its trials see too few of the bursts in
+which lookup pays), and at one request its plain trials cost a few percent. So the
+default governs the top of the load only: `"plain_fallback": 32` governs steps of 32
+decoding requests or more (their power-of-two level and those above), and there it
+starts with plain decoding. At that load a step is compute-bound, a verified token
+pays only when it is accepted nearly always, and speculation's own costs (lookup,
+the drafter's probes, the context it is fed) made a burst of 32 requests run about a
+tenth slower than plain decoding; a speculation trial still runs after every gap, so
+a workload where it wins there (long copies from the prompt) gets it back.
 
 Plain mode drafts nothing and verifies nothing (the rows are plain decoding, exact
 by construction); the accepted tokens' hidden states are still kept for the drafter,
@@ -43,10 +50,17 @@ class SpecGovernor:
     step is compute-bound), so each power-of-two bucket of the running request count
     (1, 2-3, 4-7, 8-15, ...) keeps its own modes, scores and gaps."""
 
-    def __init__(self, trial: int = 32, min_gap: int = 128, max_gap: int = 4096, warmup: int = 4) -> None:
-        if trial < 1 or not 1 <= min_gap <= max_gap or warmup < 0:
-            raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap and warmup >= 0")
+    def __init__(self, trial: int = 32, min_gap: int = 128, max_gap: int = 4096, warmup: int = 4,
+                 from_requests: int | None = None) -> None:
+        """`from_requests` None: every load level governed, each starting with
+        speculation; N: only the levels of N decoding requests and above, each starting
+        with plain decoding (below them, speculation is never switched off)."""
+        if trial < 1 or not 1 <= min_gap <= max_gap or warmup < 0 or (from_requests is not None and from_requests < 1):
+            raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap, warmup >= 0 and "
+                             "from_requests None or >= 1")
         self._settings = (trial, min_gap, max_gap, warmup)
+        self.from_bucket = 0 if from_requests is None else self.bucket(from_requests)
+        self.start = SPEC if from_requests is None else PLAIN
         self.levels: dict[int, LoadLevel] = {}
 
     @staticmethod
@@ -56,15 +70,18 @@ class SpecGovernor:
     def level(self, num_requests: int) -> "LoadLevel":
         b = self.bucket(num_requests)
         if b not in self.levels:
-            self.levels[b] = LoadLevel(*self._settings)
+            self.levels[b] = LoadLevel(*self._settings, start=self.start)
         return self.levels[b]
+
+    def governs(self, num_requests: int) -> bool:
+        return self.bucket(num_requests) >= self.from_bucket
 
     def speculating(self, num_requests: int) -> bool:
         """Whether a step of `num_requests` decodes should speculate."""
-        return self.level(num_requests).speculating
+        return not self.governs(num_requests) or self.level(num_requests).speculating
 
     def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float) -> None:
-        if num_requests > 0:
+        if num_requests > 0 and self.governs(num_requests):
             self.level(num_requests).record(num_requests, emitted, seconds, plain_seconds)
 
     @property
@@ -82,14 +99,14 @@ class SpecGovernor:
 class LoadLevel:
     """The alternation of one load level (see the module docstring)."""
 
-    def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int) -> None:
+    def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
         self.trial = trial
         self.min_gap = min_gap
         self.max_gap = max_gap
         self.warmup = warmup  # steps of each run not scored (the drafter catching up)
-        # speculation first, for a whole gap: the drafter's first steps (calibration,
-        # scheduler history) are not what it does once settled
-        self.mode = SPEC
+        # the starting mode runs a whole gap first (speculation: the drafter's first
+        # steps, calibration and scheduler history, are not what it does once settled)
+        self.mode = start
         self.gap = min_gap
         self._left = min_gap + warmup  # steps left in the current run
         self._trial = False  # the current run is a trial (scored to decide)

@@ -80,8 +80,11 @@ def isotonic(values, weights) -> np.ndarray:
     violators): a point observed once above a neighbour observed many times is
     pooled with it at their weighted mean, rather than lifting every later point as a
     running maximum would."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size < 2 or (values[1:] >= values[:-1]).all():
+        return values.copy()  # already non-decreasing (the usual case): nothing to pool
     blocks: list[list[float]] = []  # [weighted sum, weight, points]
-    for v, w in zip(np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)):
+    for v, w in zip(values.tolist(), np.asarray(weights, dtype=np.float64).tolist()):
         blocks.append([v * w, w, 1])
         while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
             s, w2, n = blocks.pop()
