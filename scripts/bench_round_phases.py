@@ -36,6 +36,8 @@ import sys
 import time
 from collections import defaultdict
 
+from dspark.engine.config import DEFAULT_SPECULATIVE
+
 CONFIGS = {
     "plain": None,
     "dspark-1": {"method": "dspark", "num_speculative_tokens": 1},
@@ -44,8 +46,8 @@ CONFIGS = {
     "mtp": {"method": "mtp"},
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
-    # the default: hybrid with its plain-decoding fallback at 32 requests and more
-    "default": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True, "plain_fallback": 32},
+    # the default: hybrid with its plain-decoding fallback at high load
+    "default": DEFAULT_SPECULATIVE,
     # the default with the scheduler's table as profiled at start-up (not corrected by measured steps)
     "hybrid-profiled": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                         "live_step_time": False},

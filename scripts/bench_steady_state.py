@@ -27,14 +27,16 @@ import statistics
 import sys
 import time
 
+from dspark.engine.config import DEFAULT_SPECULATIVE
+
 HYBRID = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True}
 CONFIGS = {
     "plain": None,
-    # the default configuration: hybrid, its plain-decoding fallback at 32 requests and more
-    "default": dict(HYBRID, plain_fallback=32),
+    # the default configuration: hybrid, with its plain-decoding fallback at high load
+    "default": DEFAULT_SPECULATIVE,
     "hybrid": HYBRID,  # without the fallback
     "fallback": dict(HYBRID, plain_fallback=True),  # the fallback at every load
-    "profiled": dict(HYBRID, plain_fallback=32, live_step_time=False),  # the step-time table as profiled
+    "profiled": dict(DEFAULT_SPECULATIVE, live_step_time=False),  # the step-time table as profiled
 }
 
 

@@ -56,7 +56,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: decoding at one request, 1.12x at four, 0.84x at sixteen, 0.79x at 32 in bf16x
 #: (BENCHMARKS.md, "bf16x: AMX tiles, ...")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
-                       "plain_fallback": 32}
+                       "plain_fallback": 16}
 
 
 @dataclass
@@ -81,7 +81,7 @@ class SpeculativeConfig:
     #: (dspark.engine.governor); adaptive verification on a CPU only. false: never;
     #: true: at every load, starting with speculation; an integer N: for steps of N or
     #: more decoding requests (their power-of-two level and above), starting with plain
-    #: decoding (the default configuration uses 32)
+    #: decoding (the default configuration uses 16)
     plain_fallback: bool | int = False
 
     def __post_init__(self) -> None:
