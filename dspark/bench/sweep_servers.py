@@ -17,6 +17,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark.engine.config import DEFAULT_SPECULATIVE
+
 from .runner import BenchError
 from .server_process import ServerProcess, ServerStartError, dspark_serve_command, free_port
 
@@ -33,6 +35,8 @@ DEFAULT_CONFIGS: dict[str, dict | None] = {
 KNOWN_CONFIGS: dict[str, dict | None] = {
     **DEFAULT_CONFIGS, "ngram": {"method": "ngram"},
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
+    # the default configuration (hybrid with the plain-decoding fallback at high load)
+    "default": DEFAULT_SPECULATIVE,
 }
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
