@@ -16,7 +16,11 @@ With --phases, each configuration's steps of its last round are also split: step
 a prompt chunk ("mixed") and pure decode steps, and for the latter the mean ms per
 step in the target's forward, the drafter's call, selection (lookup, the policy,
 merging drafts) and everything else, the draft tokens verified and the tokens emitted
-per step, and the share of steps that drafted.
+per step, and the share of steps that drafted. And, over all rounds, each
+configuration's efficiency per load level (requests decoding in a step: 1-7, 8-15,
+16-31, 32+): its pure decode steps' tokens, each worth what plain decoding took per
+token at that request count (the median of plain's own steps there), over the time
+the steps took; 1 is plain decoding's speed, above 1 speculation paid at that load.
 """
 
 from __future__ import annotations
@@ -82,6 +86,33 @@ def phase_summary(steps: list[dict]) -> dict:
             "drafting_share": round(sum(1 for s in dec if s["drafted"]) / n, 3)}
 
 
+LEVELS = ((1, 7), (8, 15), (16, 31), (32, 10**9))
+
+
+def level_efficiency(steps: list[dict], plain_steps: list[dict]) -> dict:
+    """Efficiency per load level against plain decoding's own steps (module docstring)."""
+    by_rows: dict[int, list[float]] = {}
+    for s in plain_steps:
+        if not s["mixed"] and s["rows"]:
+            by_rows.setdefault(s["rows"], []).append(s["s"])
+    if not by_rows:
+        return {}
+    per_token = {r: statistics.median(v) / r for r, v in by_rows.items()}
+
+    def plain_per_token(rows: int) -> float:
+        return per_token[min(per_token, key=lambda r: (abs(r - rows), r))]
+
+    out = {}
+    for lo, hi in LEVELS:
+        dec = [s for s in steps if not s["mixed"] and lo <= s["rows"] <= hi]
+        if dec:
+            worth = sum(s["emitted"] * plain_per_token(s["rows"]) for s in dec)
+            out[f"{lo}-{hi}" if hi < 10**9 else f"{lo}+"] = {
+                "steps": len(dec), "speculated": sum(1 for s in dec if s["verified"]),
+                "efficiency": round(worth / sum(s["s"] for s in dec), 3)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="plain,default", help=f"from {', '.join(CONFIGS)} (default: %(default)s)")
@@ -109,12 +140,13 @@ def main() -> int:
     c = args.concurrency
     results: dict[str, list[float]] = {n: [] for n in names}
     phases: dict[str, dict] = {}
+    all_steps: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             spec = SpeculativeConfig(**CONFIGS[name]) if CONFIGS[name] else None
             engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=c, max_model_len=2048))
             engine.generate(prompts[:c], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
-            steps = watch_steps(engine) if args.phases and r == args.rounds - 1 else None
+            steps = watch_steps(engine) if args.phases else None
             t0 = time.perf_counter()
             seqs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
             seconds = time.perf_counter() - t0
@@ -122,8 +154,10 @@ def main() -> int:
             results[name].append(tps)
             print(f"round {r + 1}/{args.rounds} {name}: {tps:.1f} tok/s ({seconds:.0f} s)", flush=True)
             if steps is not None:
-                phases[name] = phase_summary(steps)
-                print("  " + json.dumps(phases[name]), flush=True)
+                all_steps[name].extend(steps)
+                if r == args.rounds - 1:
+                    phases[name] = phase_summary(steps)
+                    print("  " + json.dumps(phases[name]), flush=True)
     print(f"\n{len(prompts)} prompts, concurrency {c}, {args.max_tokens} tokens, {args.rounds} rounds")
     summary = {}
     for name, v in results.items():
@@ -132,6 +166,14 @@ def main() -> int:
                          "ratio_max": max(ratios)}
         print(f"{name:<10} {statistics.median(v):7.1f} tok/s   x plain {statistics.median(ratios):.3f} "
               f"[{min(ratios):.3f}-{max(ratios):.3f}]")
+    if args.phases:
+        print("\nefficiency per load level (requests decoding), x plain decoding's own steps:")
+        for name in names:
+            eff = level_efficiency(all_steps[name], all_steps["plain"])
+            for level, e in eff.items():
+                phases.setdefault(name, {}).setdefault("levels", {})[level] = e
+            print(f"{name:<10} " + "  ".join(f"{lv}: {e['efficiency']:.3f} ({e['speculated']}/{e['steps']} spec)"
+                                             for lv, e in eff.items()))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": summary, "phases": phases}, fh, indent=1)

@@ -25,8 +25,10 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 def spec_engine(target, max_num_seqs: int = 8) -> LLMEngine:
     table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
-    # the synthetic table as it is (not corrected by measured steps): the race must show drafts
-    spec = SpeculativeConfig(method="dspark", enable_adaptive_verification=True, live_step_time=False)
+    # the synthetic table as it is (not corrected by measured steps): the race must show drafts;
+    # the plain-decoding fallback governs 4 requests and more (the race's one request drafts)
+    spec = SpeculativeConfig(method="dspark", enable_adaptive_verification=True, live_step_time=False,
+                             plain_fallback=4)
     return LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=512), step_table=table)
 
 
@@ -121,6 +123,8 @@ def test_state_moves_after_requests_and_reports_the_scheduler(spec_server):
     assert after["totals"]["drafts"] - before["totals"]["drafts"] == sum(L > 0 for s in new_steps for L in s[5])
     assert after["totals"]["draft_tokens"] - before["totals"]["draft_tokens"] == sum(sum(s[5]) for s in new_steps)
     assert set(after["events"]) >= {"drafter_skips", "drafter_faults", "thread_fallbacks", "threads"}
+    # one request: below the fallback's levels, so speculation ran and no level was governed
+    assert after["fallback"] == {"from_requests": 4, "levels": []}
     # only steps after `since`: a poll carries the news, not the whole ring buffer
     again = httpx.get(url + "/dashboard/state", params={"since": new_steps[-1][0]}, headers=AUTH).json()
     assert again["steps"] == []

@@ -109,8 +109,13 @@ def test_dashboard_goes_live_and_its_figures_move(browser, spec_server, shots):
     page.wait_for_function(f"Number(document.body.dataset.updates) >= {seen + 2}", timeout=30_000)
     assert page.evaluate("samples[samples.length - 1].gen") == tokens_before + 4 * 48
     assert page.evaluate("steps.length") > 0
-    assert float(page.inner_text("#t-al")) >= 1.0 or page.inner_text("#t-al") == "–"
+    al = page.inner_text("#t-al")  # "–" when no step of the window drafted (plain under the fallback)
+    assert al == "–" or float(al) >= 1.0
     assert page.evaluate("document.getElementById('c-cal').closest('.card').hidden") is False
+    # four requests at once: the fallback's governed level, which starts with plain decoding
+    assert page.evaluate("document.getElementById('fallback-card').hidden") is False
+    assert "4 running requests and more" in page.inner_text("#fallback-note")
+    assert page.inner_text("#fallback").split("\n")[1].split("\t")[:2] == ["4-7", "plain"]
     page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
     assert (shots / "dashboard.png").stat().st_size > 10_000
     assert p.errors == []

@@ -52,9 +52,10 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: what a missing --speculative-config means in every command: the DSpark drafter
 #: shipped for the target, with adaptive verification; a target without one runs
 #: without speculation (with a warning). 'none' turns speculation off.
-#: hybrid drafting (DSpark + prompt lookup) with adaptive verification: served, 1.18x plain
-#: decoding at one request, 1.12x at four, 0.84x at sixteen, 0.79x at 32 in bf16x
-#: (BENCHMARKS.md, "bf16x: AMX tiles, ...")
+#: hybrid drafting (DSpark + prompt lookup) with adaptive verification, and the
+#: plain-decoding fallback from 16 running requests: served, interleaved, 1.35x plain
+#: decoding at one request, 1.03x at four, 1.07x at sixteen, 0.87x at 32 in bf16x
+#: (BENCHMARKS.md, "The plain-decoding fallback at high load")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 16}
 

@@ -61,6 +61,7 @@ class SpecGovernor:
             raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap, warmup >= 0 and "
                              "from_requests None or >= 1")
         self._settings = (trial, min_gap, max_gap, warmup)
+        self.from_requests = from_requests
         self.from_bucket = 0 if from_requests is None else self.bucket(from_requests)
         self.start = SPEC if from_requests is None else PLAIN
         self.levels: dict[int, LoadLevel] = {}

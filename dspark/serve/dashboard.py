@@ -83,6 +83,11 @@ def dashboard_state(state, since: float | None = None) -> dict:
                      "table_refreshes": watch.refreshes if watch is not None else 0,
                      "threads": torch.get_num_threads(),
                      "threads_wanted": watch.threads if watch is not None else torch.get_num_threads()}
+    gov = engine.governor
+    # the plain-decoding fallback's call per load level (None: not configured)
+    out["fallback"] = None if gov is None else {
+        "from_requests": gov.from_requests,
+        "levels": [{"requests": level, **st} for level, st in gov.summary().items()]}
     steps = engine.recent_steps.copy()  # one C-level copy: the engine thread appends meanwhile
     cut = -math.inf if since is None else since
     # filtered on the rounded end the page sends back, or the last step would come again

@@ -84,6 +84,7 @@ function update(st) {
   }
   drawSteps(st);
   drawEvents(st);
+  drawFallback(st);
 }
 
 function drawVerifyLengths(st) {
@@ -153,6 +154,25 @@ function drawEvents(st) {
   const reduced = e.threads < e.threads_wanted;
   html.push(`<tr class="${reduced ? "hot" : ""}"><td>torch threads now (of ${e.threads_wanted})</td><td class="n">${e.threads}</td></tr>`);
   document.getElementById("events").innerHTML = html.join("");
+}
+
+function drawFallback(st) {
+  const f = st.fallback;
+  const card = document.getElementById("fallback-card");
+  card.hidden = !f || !st.speculative;
+  if (card.hidden) return;
+  document.getElementById("fallback-note").textContent = f.from_requests === null
+    ? "the plain-decoding fallback governs every load level; each starts with speculation. Scores: tokens per second over a plain step's, latest run of each mode"
+    : `the plain-decoding fallback governs steps of ${f.from_requests} running requests and more; each level starts with plain decoding, below it speculation always runs. Scores: tokens per second over a plain step's, latest run of each mode`;
+  const score = x => (x === null || x === undefined ? "–" : x.toFixed(3));
+  const html = ["<tr><th>requests</th><th>now</th><th>score spec.</th><th>score plain</th><th>steps spec. / plain</th><th>switches</th></tr>"];
+  for (const lv of f.levels) {
+    html.push(`<tr><td>${lv.requests}</td><td>${lv.mode}</td><td class="n">${score(lv.score.speculative)}</td>` +
+              `<td class="n">${score(lv.score.plain)}</td><td class="n">${lv.steps.speculative} / ${lv.steps.plain}</td>` +
+              `<td class="n">${lv.switches}</td></tr>`);
+  }
+  if (!f.levels.length) html.push(`<tr><td colspan="6">no governed load reached yet</td></tr>`);
+  document.getElementById("fallback").innerHTML = html.join("");
 }
 
 async function poll() {
