@@ -185,3 +185,28 @@ def test_a_stalled_profile_point_is_measured_again_and_the_lower_median_kept(tin
     assert table.raw_ms == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
     assert table.step_ms[1] == 11.0  # not a 30 ms plateau from 2 tokens to 6
     assert table.conditions["remeasured"] == [2]
+
+
+def test_profile_runs_are_spread_over_interleaved_passes(tiny):
+    calls = []
+    model = tiny.model
+
+    class Recording:  # the model, with the tokens of every forward written down
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, batch, cache, *a, **k):
+            calls.append(int(batch.input_ids.numel()))
+            return model(batch, cache, *a, **k)
+
+    tiny.model = Recording()
+    try:
+        ms = profiler.measure_step_times(tiny, [1, 8, 16], context_len=16, tokens_per_request=8, warmup=2,
+                                         repeats=5, passes=3)
+    finally:
+        tiny.model = model
+    assert len(ms) == 3 and all(t > 0 for t in ms)
+    # the context prefill, then per pass every point: warm-ups (2 before its first pass, 1 after),
+    # then its share of the 5 timed runs (2, 2, 1): a slow spell hits one pass, not one point
+    sweep = lambda warm, runs: [n for n in (1, 8, 16) for n in [n] * (warm + runs)]  # noqa: E731
+    assert calls == [16] + sweep(2, 2) + sweep(1, 2) + sweep(1, 1)

@@ -1,7 +1,9 @@
 """Measure the target's step time as a function of the tokens in one forward.
 
 The prefix scheduler trades verification length against this curve. Each point is
-the median of several timed forwards after warm-up; a step of n tokens is laid out
+the median of several timed forwards after warm-up, taken over interleaved sweeps of
+the whole grid (a slow spell of the machine then slows one sweep of many points, not
+every run of a few); a step of n tokens is laid out
 as ceil(n / tokens_per_request) requests (a verification step's shape), each with
 a KV context of `context_len` tokens.
 """
@@ -66,8 +68,9 @@ def cache_key(target: Target, device: str, context_len: int, tokens_per_request:
     kernels = cpu_kernels.build_id() if device == "cpu" and cpu_kernels.available() else "-"
     # the grid too: a table measured on an older, coarser grid is measured again
     grid = ",".join(map(str, default_token_counts(4096)))
-    # and how it is measured: tables from before stalls were measured again are not reused
-    method = "spikes-remeasured"
+    # and how it is measured: tables from before stalls were measured again over
+    # interleaved passes are not reused
+    method = "passes-spikes-remeasured"
     h = hashlib.sha1(f"{ident}|{machine_id()}|{context_len}|{tokens_per_request}|{kernels}|{grid}|{method}"
                      .encode()).hexdigest()[:10]
     dtype = getattr(target, "precision", None) or str(target.dtype).removeprefix("torch.")
@@ -93,12 +96,19 @@ def measure_step_times(
     repeats: int = 5,
     progress: Callable[[int, float], None] | None = None,
     spreads: list[float] | None = None,
+    passes: int = 3,
 ) -> list[float]:
     """Median milliseconds of one target forward for each token count. With `spreads`,
     the relative spread (max - min) / median of each point's timed runs is appended
-    to it (a repeatability measure: near 0 on a quiet machine). A point whose first
-    run takes over LONG_STEP_MS gets one warm-up and at most 2 timed runs: its
-    relative noise is small, and it dominates the profile's duration."""
+    to it (a repeatability measure: near 0 on a quiet machine).
+
+    The timed runs of a point are spread over `passes` sweeps of the whole grid
+    (`repeats` in all, at least one per pass; `warmup` untimed runs before a point's
+    first pass, one before each later one). A machine that slows down for a few
+    seconds then slows one pass of many points, not every run of a few neighbouring
+    points, and the median of a point's runs leaves it out. A point whose first run
+    takes over LONG_STEP_MS gets one warm-up and at most 2 timed runs, in the first
+    pass: its relative noise is small, and it dominates the profile's duration."""
     max_req = max(-(-n // tokens_per_request) for n in token_counts)
     max_len = context_len + tokens_per_request + 1
     cache = target.new_cache(max_req, max_len)
@@ -114,35 +124,49 @@ def measure_step_times(
         for t in (*cache.k, *cache.v):
             t[s, :, :context_len] = t[slots[0], :, :context_len]
         cache.lengths[s] = context_len
-    out = []
+    batches = []
     for n in token_counts:
         r = -(-n // tokens_per_request)
         sizes = [tokens_per_request] * (r - 1) + [n - tokens_per_request * (r - 1)]
         toks = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in sizes]
-        batch = FlatBatch.from_requests(toks, [context_len] * r, slots[:r], logits="all", device=dev)
-        times: list[float] = []
-        skip, runs, i = warmup, warmup + repeats, 0
-        while i < runs:
-            for s in slots[:r]:
-                cache.truncate(s, context_len)
-            _sync(dev)
-            t0 = time.perf_counter()
-            target.model(batch, cache)
-            _sync(dev)
-            ms = (time.perf_counter() - t0) * 1000
-            if i == 0 and ms > LONG_STEP_MS:
-                skip = min(warmup, 1)
-                runs = skip + min(repeats, 2)
-            if i >= skip:
-                times.append(ms)
-            i += 1
-        ms = statistics.median(times)
+        batches.append((r, FlatBatch.from_requests(toks, [context_len] * r, slots[:r], logits="all", device=dev)))
+
+    def forward(r: int, batch: FlatBatch) -> float:
+        for s in slots[:r]:
+            cache.truncate(s, context_len)
+        _sync(dev)
+        t0 = time.perf_counter()
+        target.model(batch, cache)
+        _sync(dev)
+        return (time.perf_counter() - t0) * 1000
+
+    passes = profile_passes(passes, repeats)
+    per_pass = [repeats // passes + (1 if p < repeats % passes else 0) for p in range(passes)]
+    times: list[list[float]] = [[] for _ in token_counts]
+    long = [False] * len(token_counts)
+    for p, runs in enumerate(per_pass):
+        for i, (r, batch) in enumerate(batches):
+            if not long[i]:
+                first = [forward(r, batch) for _ in range(max(warmup, 1) if p == 0 else 1)]
+                if p == 0 and first[0] > LONG_STEP_MS:  # one warm-up, at most 2 timed runs, now
+                    long[i] = True
+                    times[i] = [forward(r, batch) for _ in range(min(repeats, 2))]
+                else:
+                    times[i].extend(forward(r, batch) for _ in range(runs))
+            if progress:  # once per point and pass
+                progress(token_counts[i], statistics.median(times[i]))
+    out = []
+    for i in range(len(token_counts)):
+        ms = statistics.median(times[i])
         out.append(ms)
         if spreads is not None:
-            spreads.append((max(times) - min(times)) / ms if ms > 0 else 0.0)
-        if progress:
-            progress(n, ms)
+            spreads.append((max(times[i]) - min(times[i])) / ms if ms > 0 else 0.0)
     return out
+
+
+def profile_passes(passes: int = 3, repeats: int = 5) -> int:
+    """The passes `measure_step_times` makes: `passes`, at most one per timed run."""
+    return max(1, min(passes, repeats))
 
 
 def profile_dir() -> Path:

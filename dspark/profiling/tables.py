@@ -55,7 +55,8 @@ def profile_target(target, max_tokens: int = 512, context_len: int = 256, tokens
     from tqdm import tqdm
 
     from dspark.profiling.measure import (busy_cores, cache_key, default_token_counts, machine_id,
-                                         measure_step_times, profile_dir, threads_for_load, usable_cpus)
+                                         measure_step_times, profile_dir, profile_passes, threads_for_load,
+                                         usable_cpus)
     from dspark.schedule.step_time import ScheduleError, StepTimeTable
 
     if max_tokens < 1 or context_len < 1 or tokens_per_request < 1 or repeats < 1 or warmup < 0:
@@ -84,7 +85,8 @@ def profile_target(target, max_tokens: int = 512, context_len: int = 256, tokens
                 return table, path, True
             _say(f"the cached step-time table {path} no longer holds ({detail}); measuring again", quiet)
     counts = default_token_counts(max_tokens)
-    bar = tqdm(total=len(counts), desc="profiling step time", unit="pt", disable=quiet, file=sys.stderr)
+    bar = tqdm(total=len(counts) * profile_passes(repeats=repeats), desc="profiling step time", unit="pt",
+               disable=quiet, file=sys.stderr)
 
     def tick(n: int, ms: float) -> None:
         bar.set_postfix_str(f"{n} tok: {ms:.1f} ms")
