@@ -40,5 +40,6 @@ def add_speculative_arg(p: argparse.ArgumentParser) -> None:
                         '\'{"method": "dspark", "model": "DRAFTER_DIR", "enable_adaptive_verification": true}\'; '
                         "methods: dspark, dflash, eagle3, mtp, ngram (without \"model\", the drafter shipped for "
                         "the default model). 'none' = no speculation. Default (also in every other command): the "
-                        "shipped DSpark drafter with adaptive verification; for a target without one, no "
-                        "speculation, with a warning")
+                        "shipped DSpark drafter with prompt lookup (hybrid), adaptive verification and the "
+                        "plain-decoding fallback from 16 running requests; for a target without a shipped "
+                        "drafter, no speculation, with a warning")
