@@ -116,3 +116,59 @@ def test_the_engine_is_exact_while_the_governor_switches(greedy_case):  # noqa: 
 
 
 from test_speculative import greedy_case, tiny_target  # noqa: E402,F401  (fixtures)
+
+
+def test_a_backlog_full_while_the_fallback_decodes_plain_is_dropped_not_fed():
+    import torch
+
+    from dspark.engine import context_feed
+    from dspark.engine.context_feed import ContextFeed
+
+    class Drafter:
+        fed: list = []
+
+        def append_context(self, ids, tokens, starts, hidden):
+            self.fed.append((list(ids), [len(t) for t in tokens]))
+
+    feeding = [True]
+    drafter = Drafter()
+    feed = ContextFeed(drafter, torch.device("cpu"), set(), lambda where: None, set(), lambda: feeding[0])
+    n = context_feed.PENDING_FLUSH
+    hidden = torch.zeros(2 * n, 2, 4)
+    # speculating: a backlog that reaches the bound is fed to the drafter
+    feed.stash(["a", "b"], [[1] * n, [2] * (n - 1)], [0, 0], list(range(2 * n - 1)), hidden)
+    assert drafter.fed == [(["a"], [n])] and feed.pending_tokens == {"b": n - 1}
+    # decoding plain by the fallback's call: the full backlog is let go, its request is lookup-only
+    feeding[0] = False
+    feed.stash(["a", "b"], [[1], [2]], [n, n - 1], [0, 1], hidden)
+    assert drafter.fed == [(["a"], [n])] and "b" not in feed.pending and feed.contextless == {"b"}
+    feed.stash(["a", "b"], [[1], [2]], [n + 1, n], [0, 1], hidden)  # no new backlog for it
+    assert "b" not in feed.pending and feed.pending_tokens["a"] == 2
+
+
+@pytest.mark.slow
+def test_requests_that_lose_the_drafter_under_the_fallback_stay_exact(greedy_case, monkeypatch):  # noqa: F811
+    from dspark.engine import context_feed
+    from dspark.sampling import SamplingParams
+    from test_live_step_time import adaptive_hybrid_engine
+
+    monkeypatch.setattr(context_feed, "PENDING_FLUSH", 8)  # backlogs fill within a few plain steps
+    target, prompts, refs = greedy_case
+    engine, _ = adaptive_hybrid_engine(target)
+    # every load governed, plain first, then speculation trials: requests lose their drafter
+    # context in the plain stretches and go on with lookup alone
+    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1, from_requests=1)
+    runner, seen = engine.runner, set()
+    inner = engine.step
+
+    def step():
+        out = inner()
+        seen.update(runner.contextless)
+        return out
+
+    engine.step = step
+    seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:8]):
+        assert seq.output_ids == ref
+    assert seen and engine.governor.steps(SPEC) > 0
+    assert not runner.contextless  # released with their requests

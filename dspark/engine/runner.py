@@ -82,6 +82,9 @@ class SpecRunner:
         #: context updates that failed); requests whose drafter state is lost
         self.drafter_errors = 0
         self.undrafted: set[object] = set()
+        #: requests whose drafter context was let go while the fallback decoded plain
+        #: (`ContextFeed`): prompt lookup only from then on
+        self.contextless: set[object] = set()
         #: requests the scheduler keeps verifying nothing for skip the drafter's block
         self.gate = DraftGate()
         #: hybrid drafting: rows left out of drafting get prompt lookup alone
@@ -93,7 +96,8 @@ class SpecRunner:
         self.calibration = CalibrationWatch()
         self._confidence: list[list[float] | None] | None = None  # this step's, per decode
         #: accepted tokens and their hidden states not given to the drafter yet
-        self.feed = ContextFeed(drafter, self.device, self.undrafted, self._fault) if drafter else None
+        self.feed = ContextFeed(drafter, self.device, self.undrafted, self._fault, self.contextless,
+                                feeding=lambda: self.speculating) if drafter else None
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -113,6 +117,7 @@ class SpecRunner:
             seq.slot = -1
             if self.drafter is not None and seq.speculate:
                 self.undrafted.discard(seq.request_id)
+                self.contextless.discard(seq.request_id)
                 self.feed.drop(seq.request_id)
                 self.gate.release(seq.request_id)
                 self.lookup_gate.release(seq.request_id)
@@ -141,7 +146,8 @@ class SpecRunner:
             return none
         drafting = self.policy.should_draft(len(decodes), n)
         live = [i for i, s in enumerate(decodes) if s.speculate and s.request_id not in self.undrafted]
-        rows = [i for i in live if drafting and self.gate.wants_draft(decodes[i].request_id)]
+        rows = [i for i in live if drafting and decodes[i].request_id not in self.contextless
+                and self.gate.wants_draft(decodes[i].request_id)]
         if len(rows) > PROBE_ROWS and self.policy.probing:
             # a probe (drafting has not paid lately): a few requests, in turn, refresh the
             # survivals the next decision rests on; all of them would cost a full draft
