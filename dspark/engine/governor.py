@@ -35,7 +35,9 @@ speculation trial still runs after every gap, so a workload where it wins there
 
 Plain mode drafts nothing and verifies nothing (the rows are plain decoding, exact
 by construction); the accepted tokens' hidden states are still kept for the drafter,
-which catches up when speculation resumes. Decisions use past steps only, so they
+which catches up when speculation resumes, up to a backlog of PENDING_FLUSH tokens
+per request: past it the request lets the drafter go and keeps prompt lookup
+(`ContextFeed`). Decisions use past steps only, so they
 are lossless like the scheduler's own.
 """
 
