@@ -122,9 +122,9 @@ def test_monotone_fix_is_a_running_max():
 def test_profile_stalls_are_found_and_tile_edges_are_not():
     counts = list(range(1, 13)) + [16]
     raw = [15.0, 24.0, 17.5, 17.4, 18.7, 20.5, 20.0, 22.0, 23.0, 24.0, 24.5, 25.0, 34.0]
-    assert spikes(counts, raw) == [1]  # 2 tokens above 3, 4 and 5 by 40 %: a stall
+    assert spikes(raw) == [1]  # 2 tokens above 3, 4 and 5 by 40 %: a stall
     edge = [10.0] * 6 + [16.0] * 6 + [16.5]  # a jump up at a tile edge is a cost, not a stall
-    assert spikes(counts, edge) == []
+    assert spikes(edge) == []
 
 
 def test_isotonic_pools_by_weight():

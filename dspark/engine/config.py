@@ -54,8 +54,9 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: without speculation (with a warning). 'none' turns speculation off.
 #: hybrid drafting (DSpark + prompt lookup) with adaptive verification, and the
 #: plain-decoding fallback from 16 running requests: served, interleaved, 1.35x plain
-#: decoding at one request, 1.03x at four, 1.07x at sixteen, 0.87x at 32 in bf16x
-#: (BENCHMARKS.md, "The plain-decoding fallback at high load")
+#: decoding at one request, 1.03x at four, 0.91-1.07x at sixteen and 0.81-0.87x at 32
+#: over three runs, in bf16x (BENCHMARKS.md, "Step-time curves that a slow spell cannot
+#: bend, and the plain-decoding fallback at high load")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 16}
 

@@ -147,11 +147,12 @@ def measure_step_times(
     for p, runs in enumerate(per_pass):
         for i, (r, batch) in enumerate(batches):
             if not long[i]:
-                first = [forward(r, batch) for _ in range(max(warmup, 1) if p == 0 else 1)]
-                if p == 0 and first[0] > LONG_STEP_MS:  # one warm-up, at most 2 timed runs, now
+                if p == 0 and forward(r, batch) > LONG_STEP_MS:  # one warm-up, at most 2 timed runs, now
                     long[i] = True
                     times[i] = [forward(r, batch) for _ in range(min(repeats, 2))]
                 else:
+                    for _ in range(warmup - 1 if p == 0 else 1):
+                        forward(r, batch)
                     times[i].extend(forward(r, batch) for _ in range(runs))
             if progress:  # once per point and pass
                 progress(token_counts[i], statistics.median(times[i]))

@@ -130,7 +130,7 @@ def remeasure_spikes(target, counts: list[int], raw: list[float], context_len: i
 
     again: list[int] = []
     for _ in range(passes):
-        idx = spikes(counts, raw)
+        idx = spikes(raw)
         if not idx:
             break
         new = measure_step_times(target, [counts[i] for i in idx], context_len, tokens_per_request, warmup, repeats)

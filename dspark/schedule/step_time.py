@@ -59,7 +59,7 @@ def make_monotone(times_ms: list[float]) -> list[float]:
     return out
 
 
-def spikes(counts: list[int], raw_ms: list[float], tolerance: float = 0.10, ahead: int = 3) -> list[int]:
+def spikes(raw_ms: list[float], tolerance: float = 0.10, ahead: int = 3) -> list[int]:
     """Indices of profile points that are probably stalls, not costs: more than
     `tolerance` above the median of the next `ahead` points. More tokens never cost
     less in a forward (a kernel's sweet spot is worth a few percent, not tens), so
@@ -91,7 +91,7 @@ def isotonic(values, weights) -> np.ndarray:
             blocks[-1][0] += s
             blocks[-1][1] += w2
             blocks[-1][2] += n
-    return np.concatenate([np.full(n, s / w) for s, w, n in blocks]) if blocks else np.zeros(0)
+    return np.concatenate([np.full(n, s / w) for s, w, n in blocks])
 
 
 def _interp_ms(x: np.ndarray, counts: np.ndarray, times_ms: np.ndarray) -> np.ndarray:
