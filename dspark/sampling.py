@@ -47,6 +47,13 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# Rows whose kept set can be found among their FEW_CAP largest logits skip the
+# full-vocabulary sort (about 40x cheaper on a 49k vocabulary): top-k rows with
+# k <= FEW_CAP, and top-p rows whose FEW_CAP largest tokens already hold top_p of
+# the mass. The width is fixed, so a row's result never depends on the batch.
+FEW_CAP = 256
+
+
 def logits_to_probs(
     logits: torch.Tensor,  # [..., vocab]
     temperature: float | torch.Tensor,
@@ -55,33 +62,78 @@ def logits_to_probs(
 ) -> torch.Tensor:
     """Probabilities after temperature, top-k and top-p (fp32). Rows broadcast
     per-row parameters given as tensors of shape `logits.shape[:-1]`.
-    Temperature must be > 0 here; greedy callers take the argmax instead."""
+    Temperature must be > 0 here; greedy callers take the argmax instead.
+
+    Top-k keeps the k largest logits; top-p then keeps the smallest prefix (largest
+    first) of what is left whose renormalized mass reaches top_p: a token is dropped
+    when the mass strictly before it already does. Each row is computed on its own
+    (its result does not depend on the rows beside it): on its FEW_CAP largest
+    logits when the kept set lies among them, else on a full sort."""
     x = logits.float()
-    if isinstance(temperature, torch.Tensor):
-        x = x / temperature.unsqueeze(-1)
-    else:
-        x = x / temperature
-    k_any = bool((top_k > 0).any()) if isinstance(top_k, torch.Tensor) else top_k > 0
-    p_any = bool((top_p < 1).any()) if isinstance(top_p, torch.Tensor) else top_p < 1
-    if k_any or p_any:
-        sorted_x, order = x.sort(dim=-1, descending=True)
-        v = x.shape[-1]
-        ranks = torch.arange(v, device=x.device)
-        drop = torch.zeros_like(sorted_x, dtype=torch.bool)
-        if k_any:
-            k = top_k if isinstance(top_k, torch.Tensor) else torch.full(x.shape[:-1], top_k, device=x.device)
-            k = torch.where(k > 0, k, torch.full_like(k, v))
-            drop |= ranks >= k.unsqueeze(-1)
-        if p_any:
-            p = top_p if isinstance(top_p, torch.Tensor) else torch.full(x.shape[:-1], float(top_p), device=x.device)
-            probs_sorted = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
-            # Keep the smallest prefix whose mass reaches top_p: a token is dropped
-            # when the mass strictly before it already reaches top_p.
-            before = probs_sorted.cumsum(-1) - probs_sorted
-            drop |= before >= p.unsqueeze(-1)
-        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-        x = torch.empty_like(x).scatter_(-1, order, sorted_x)
-    return torch.softmax(x, dim=-1)
+    lead, v = x.shape[:-1], x.shape[-1]
+    x = x.reshape(-1, v)
+    n = x.shape[0]
+
+    def per_row(value, dtype) -> torch.Tensor:
+        t = value if isinstance(value, torch.Tensor) else torch.tensor(value, device=x.device)
+        return t.to(dtype).reshape(-1).expand(n)
+
+    x = x / per_row(temperature, torch.float32).unsqueeze(-1)
+    k, p = per_row(top_k, torch.long), per_row(top_p, torch.float32)
+    k = torch.where((k > 0) & (k < v), k, torch.full_like(k, v))  # 0 (off) or >= vocab: every token
+    cut = (k < v) | (p < 1)
+    out = torch.softmax(x, dim=-1)  # the rows without top-k or top-p
+    if bool(cut.any()):
+        rows = cut.nonzero().squeeze(-1)
+        few = _kept_among_largest(x.index_select(0, rows), k.index_select(0, rows), p.index_select(0, rows),
+                                  min(FEW_CAP, v))
+        if few is not None:
+            probs, ok = few
+            out.index_copy_(0, rows[ok], probs[ok])
+            rows = rows[~ok]
+        if rows.numel():
+            out.index_copy_(0, rows, _kept_by_full_sort(x.index_select(0, rows), k.index_select(0, rows),
+                                                          p.index_select(0, rows)))
+    return out.reshape(*lead, v)
+
+
+def _top_p_drop(sorted_probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Where the mass strictly before a token (largest first) already reaches top_p;
+    nothing in rows without top-p (a rounded cumulative sum can reach 1.0 early)."""
+    before = sorted_probs.cumsum(-1) - sorted_probs
+    return (before >= p.unsqueeze(-1)) & (p < 1).unsqueeze(-1)
+
+
+def _kept_among_largest(x, k, p, width: int):
+    """(probs [R, V], ok [R]) for rows whose kept set lies among their `width` largest
+    logits (ok False: the row needs the full sort); None when no row can."""
+    v = x.shape[-1]
+    fits = k <= width
+    whole = k >= v  # no top-k: top-p's mass is over the whole vocabulary
+    if width >= v or not bool((fits | (whole & (p < 1))).any()):
+        return None
+    vals, idx = x.topk(width, dim=-1)  # descending
+    ranks = torch.arange(width, device=x.device)
+    drop = ranks >= k.clamp(max=width).unsqueeze(-1)
+    # Mass relative to the top-k set (a row with k <= width), else to the whole vocabulary.
+    norm = torch.where(fits, torch.logsumexp(vals.masked_fill(drop, float("-inf")), -1), torch.logsumexp(x, -1))
+    sorted_probs = torch.exp(vals - norm.unsqueeze(-1)).masked_fill(drop, 0.0)
+    drop |= _top_p_drop(sorted_probs, p)
+    held = sorted_probs.cumsum(-1)[:, -1]  # the mass before the first token not among them
+    # A top-p row without top-k is decided here only if the width largest hold top_p.
+    ok = fits | (whole & (p < 1) & (held >= p))
+    kept = vals.masked_fill(drop, float("-inf"))
+    probs = torch.zeros_like(x).scatter_(-1, idx, torch.softmax(kept, dim=-1))
+    return probs, ok
+
+
+def _kept_by_full_sort(x, k, p) -> torch.Tensor:
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    v = x.shape[-1]
+    drop = torch.arange(v, device=x.device) >= k.unsqueeze(-1)
+    drop |= _top_p_drop(torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1), p)
+    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.softmax(torch.empty_like(x).scatter_(-1, order, sorted_x), dim=-1)
 
 
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> int:

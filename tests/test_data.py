@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import shutil
@@ -259,6 +260,13 @@ def test_regenerate_writes_the_documented_format_and_resumes(tiny_target, tmp_pa
     with pytest.raises(DataError, match="other settings"):
         regenerate(prompts, part, LocalBackend(tiny_target, 2, 512), RegenConfig(max_tokens=6, seed=4, max_prompt_tokens=256),
                    progress=False)
+
+    # A finished file kept gzipped reads back the same; it cannot be appended to.
+    packed = tmp_path / "full.jsonl.gz"
+    packed.write_bytes(gzip.compress(full.read_bytes()))
+    assert _by_id(packed) == ref
+    with pytest.raises(DataError, match="plain .jsonl"):
+        regenerate(prompts, packed, LocalBackend(tiny_target, 2, 512), cfg, progress=False)
 
 
 def test_regenerate_skips_prompts_over_the_limit(tiny_target, tmp_path):

@@ -27,6 +27,7 @@ and a torn last line is cut off. Every record of one file has the same `generato
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -65,8 +66,10 @@ def make_record(
 
 
 def read_records(path: str | Path) -> Iterator[dict]:
-    """Every complete record of a file; a torn last line (a run killed mid-write) is skipped."""
-    with open(path, encoding="utf-8") as f:
+    """Every complete record of a file; a torn last line (a run killed mid-write) is skipped.
+    A path ending in `.gz` is read through gzip (a data set kept compressed, read-only)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.endswith("\n"):
                 return
@@ -83,6 +86,8 @@ class RecordWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.suffix == ".gz":
+            raise DataError(f"{path}: records are appended to a plain .jsonl file; gzip it once it is complete")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _cut_torn_tail(self.path)
         self._f = open(self.path, "a", encoding="utf-8")
