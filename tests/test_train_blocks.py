@@ -97,3 +97,41 @@ def test_init_from_a_trained_drafter_continues_it(trained, tiny_target, tiny_dat
                                  init=str(trained["dspark"]), **kw), tiny_target)
     with pytest.raises(UserError, match="--init must be random, target or a trained drafter"):
         train_config("dspark", tiny_data, tmp_path / "bad", init=str(tmp_path / "nowhere"))
+
+
+def test_a_trained_drafter_grows_layers_and_drafts_the_same_until_trained(trained, tiny_target, tiny_data, tmp_path):
+    """`--init DIR --num-layers N` (N above the drafter's): the new layers are copies of
+    its last with zero output projections, so the grown drafter computes exactly what
+    the trained one did; it trains, saves N layers, loads and resumes as such."""
+    from dspark.drafters import load_drafter
+    from dspark.errors import UserError
+    from dspark.train import Trainer
+
+    old = load_drafter(trained["dspark"], tiny_target, dtype=torch.float32)
+    n = len(old.layers)
+    cfg = train_config("dspark", tiny_data, tmp_path / "grown", max_steps=4, save_every=2, init=str(trained["dspark"]),
+                       num_layers=n + 1)
+    grown = Trainer(cfg, tiny_target)
+    d = grown.drafter
+    assert len(d.layers) == n + 1 and d.config.num_hidden_layers == n + 1
+    g = torch.Generator().manual_seed(5)
+    b, s, a, q = 2, 10, 2, 5
+    hidden = torch.randn(b, s, len(d.target_layer_ids), 64, generator=g)
+    see = torch.arange(s).view(1, 1, s) < torch.tensor([[3, 8], [2, 6]]).view(b, a, 1)
+    x = torch.randn(b, a * q, 64, generator=g)
+    pos = (torch.tensor([[3, 8], [2, 6]]).unsqueeze(-1) + torch.arange(q)).flatten(1)
+    with torch.no_grad():
+        outs = [m.run_backbone_blocks(x, pos, m.context_kv(m.context_features(hidden), torch.arange(s).expand(b, s)), see)
+                for m in (old, d)]
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(d.layers[n].self_attn.q_proj.weight, torch.zeros_like(d.layers[n].self_attn.q_proj.weight))
+    grown.run()
+    after = load_drafter(tmp_path / "grown", tiny_target, dtype=torch.float32)
+    assert len(after.layers) == n + 1
+    assert float(after.layers[n].mlp.down_proj.weight.detach().abs().sum()) > 0  # the new layer trained
+    resumed = Trainer(train_config("dspark", tiny_data, tmp_path / "grown", max_steps=6, save_every=2,
+                                   init=str(trained["dspark"]), num_layers=n + 1, resume=True), tiny_target)
+    assert resumed.step == 4 and len(resumed.drafter.layers) == n + 1
+    with pytest.raises(UserError, match="can grow, not shrink"):
+        Trainer(train_config("dspark", tiny_data, tmp_path / "bad", init=str(tmp_path / "grown"), num_layers=n),
+                tiny_target)

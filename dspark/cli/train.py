@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="regenerated responses (repeatable)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     s = p.add_argument_group("drafter size (defaults: the method's, sized from the target)")
-    s.add_argument("--num-layers", type=int, default=None, help="drafter decoder layers (dspark/dflash: 2)")
+    s.add_argument("--num-layers", type=int, default=None, help="drafter decoder layers (dspark/dflash: 2); with --init DIR, more layers than "
+                   "the trained drafter's grow it: the new layers start as copies of its last that add "
+                   "nothing (zero output projections), so training starts from what it drafts")
     s.add_argument("--markov-rank", type=int, default=None, help="dspark's Markov head rank r (default 256)")
     s.add_argument("--block-size", type=int, default=None,
                    help="positions per block incl. the anchor (dspark/dflash: 8, drafting 7 tokens); for "

@@ -88,10 +88,10 @@ def init_from_target(drafter, target: Transformer) -> list[str]:
 def continue_from(config, target, sizes: dict) -> torch.nn.Module:
     """The trained drafter in `config.init` (a directory), in fp32 and training mode, to
     continue from: its sizes, taps and draft vocabulary are kept, so any size flag given
-    must agree with it."""
+    must agree with it; except a larger --num-layers for dspark/dflash, which grows it
+    (`grow_layers`)."""
     from dspark.drafters import load_drafter
     from dspark.drafters.checkpoint import DrafterCheckpointError
-    from dspark.errors import UserError
 
     try:
         drafter = load_drafter(config.init, target, dtype=torch.float32)
@@ -102,10 +102,47 @@ def continue_from(config, target, sizes: dict) -> torch.nn.Module:
     have = vars(drafter.config)
     if config.draft_vocab_size:
         sizes = {**sizes, "draft_vocab_size": config.draft_vocab_size}
+    layers = sizes.pop("num_hidden_layers", have["num_hidden_layers"])
     differ = [f"{k} {v!r} (the drafter has {have.get(k)!r})" for k, v in sizes.items()
               if k in have and have.get(k) != v]
+    if layers < have["num_hidden_layers"]:
+        differ.append(f"num_hidden_layers {layers} (the drafter has {have['num_hidden_layers']}; "
+                      "a drafter can grow, not shrink)")
     if differ:
         raise UserError(f"--init {config.init}: the drafter's sizes are kept, but the flags ask for "
                         + "; ".join(differ))
+    if layers > len(drafter.layers):
+        drafter = grow_layers(drafter, target, layers)
     drafter.requires_grad_(True)  # its own weights; the target's embeddings and head are not among them
     return drafter.train()
+
+
+@torch.no_grad()
+def grow_layers(drafter, target, num_layers: int) -> torch.nn.Module:
+    """A DSpark/DFlash drafter with `num_layers` decoder layers: its own first, then
+    copies of its last layer whose output projections (attention o_proj, MLP
+    down_proj) start at zero. Each new layer then adds nothing to the residual
+    stream, so the grown drafter drafts exactly what the trained one did, and
+    training decides what the new capacity adds."""
+    import dataclasses
+
+    from dspark.drafters.factory import build_drafter
+    from dspark.drafters.target_parts import TargetParts
+
+    if not isinstance(drafter, DSparkDrafter):
+        raise UserError(f"only dspark and dflash drafters grow layers, not {drafter.method}")
+    old = len(drafter.layers)
+    config = dataclasses.replace(drafter.config, num_hidden_layers=num_layers)
+    with torch.device("cpu"):
+        grown = build_drafter(config, TargetParts.of(target)).float()
+    state = drafter.state_dict()
+    last = drafter.layers[old - 1].state_dict()
+    for j in range(old, num_layers):
+        for name, w in last.items():
+            state[f"layers.{j}.{name}"] = w.clone()
+        state[f"layers.{j}.self_attn.o_proj.weight"].zero_()
+        state[f"layers.{j}.mlp.down_proj.weight"].zero_()
+    grown.load_state_dict(state, strict=True)
+    if getattr(drafter, "confidence_head", None) is not None:  # STS temperatures live outside the state dict
+        grown.confidence_head.set_temperatures(list(drafter.confidence_head.temperatures))
+    return grown
