@@ -78,23 +78,34 @@ def logits_to_probs(
         t = value if isinstance(value, torch.Tensor) else torch.tensor(value, device=x.device)
         return t.to(dtype).reshape(-1).expand(n)
 
-    x = x / per_row(temperature, torch.float32).unsqueeze(-1)
+    temp = per_row(temperature, torch.float32)
     k, p = per_row(top_k, torch.long), per_row(top_p, torch.float32)
     k = torch.where((k > 0) & (k < v), k, torch.full_like(k, v))  # 0 (off) or >= vocab: every token
     cut = (k < v) | (p < 1)
-    out = torch.softmax(x, dim=-1)  # the rows without top-k or top-p
-    if bool(cut.any()):
-        rows = cut.nonzero().squeeze(-1)
-        few = _kept_among_largest(x.index_select(0, rows), k.index_select(0, rows), p.index_select(0, rows),
-                                  min(FEW_CAP, v))
-        if few is not None:
-            probs, ok = few
-            out.index_copy_(0, rows[ok], probs[ok])
-            rows = rows[~ok]
-        if rows.numel():
-            out.index_copy_(0, rows, _kept_by_full_sort(x.index_select(0, rows), k.index_select(0, rows),
-                                                          p.index_select(0, rows)))
-    return out.reshape(*lead, v)
+    if not bool(cut.any()):
+        return torch.softmax(x / temp.unsqueeze(-1), dim=-1).reshape(*lead, v)
+    every = bool(cut.all())  # the usual case: one request's rows, or a batch sampling alike
+    out = None if every else torch.empty_like(x)
+    if not every:
+        rest = (~cut).nonzero().squeeze(-1)
+        out.index_copy_(0, rest, torch.softmax(x.index_select(0, rest) / temp.index_select(0, rest).unsqueeze(-1), -1))
+    rows = cut.nonzero().squeeze(-1)
+    xs, ts, ks, ps = (x, temp, k, p) if every else (t.index_select(0, rows) for t in (x, temp, k, p))
+    width = min(FEW_CAP, v)
+    if width < v:
+        probs, ok = _kept_among_largest(xs, ts, ks, ps, width)
+        if bool(ok.all()):
+            if out is None:
+                return probs.reshape(*lead, v)
+            return out.index_copy_(0, rows, probs).reshape(*lead, v)
+        if out is None:
+            out = torch.empty_like(x)
+        out.index_copy_(0, rows[ok], probs[ok])
+        rows, xs, ts, ks, ps = (t[~ok] for t in (rows, xs, ts, ks, ps))
+    sorted_probs = _kept_by_full_sort(xs / ts.unsqueeze(-1), ks, ps)
+    if out is None:
+        return sorted_probs.reshape(*lead, v)
+    return out.index_copy_(0, rows, sorted_probs).reshape(*lead, v)
 
 
 def _top_p_drop(sorted_probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -104,26 +115,29 @@ def _top_p_drop(sorted_probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return (before >= p.unsqueeze(-1)) & (p < 1).unsqueeze(-1)
 
 
-def _kept_among_largest(x, k, p, width: int):
-    """(probs [R, V], ok [R]) for rows whose kept set lies among their `width` largest
-    logits (ok False: the row needs the full sort); None when no row can."""
+def _kept_among_largest(x, temp, k, p, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs [R, V], ok [R]) from each row's `width` largest logits, for the rows whose
+    kept set lies among them (ok False: the row needs the full sort). `x` is before
+    temperature (dividing by it keeps the order), so only the kept candidates and
+    the rows that need the whole vocabulary's mass are divided."""
     v = x.shape[-1]
     fits = k <= width
-    whole = k >= v  # no top-k: top-p's mass is over the whole vocabulary
-    if width >= v or not bool((fits | (whole & (p < 1))).any()):
-        return None
-    vals, idx = x.topk(width, dim=-1)  # descending
-    ranks = torch.arange(width, device=x.device)
-    drop = ranks >= k.clamp(max=width).unsqueeze(-1)
-    # Mass relative to the top-k set (a row with k <= width), else to the whole vocabulary.
-    norm = torch.where(fits, torch.logsumexp(vals.masked_fill(drop, float("-inf")), -1), torch.logsumexp(x, -1))
+    whole = ~fits & (k >= v) & (p < 1)  # top-p without top-k: its mass is over the whole vocabulary
+    raw, idx = x.topk(width, dim=-1)  # descending
+    vals = raw / temp.unsqueeze(-1)
+    drop = torch.arange(width, device=x.device) >= k.clamp(max=width).unsqueeze(-1)
+    norm = torch.logsumexp(vals.masked_fill(drop, float("-inf")), -1)  # over the top-k set
+    if bool(whole.any()):
+        w = whole.nonzero().squeeze(-1)
+        scaled = x.index_select(0, w) / temp.index_select(0, w).unsqueeze(-1)
+        top = vals.index_select(0, w)[:, :1]
+        norm = norm.index_copy(0, w, top.squeeze(-1) + scaled.sub_(top).exp_().sum(-1).log())
     sorted_probs = torch.exp(vals - norm.unsqueeze(-1)).masked_fill(drop, 0.0)
     drop |= _top_p_drop(sorted_probs, p)
-    held = sorted_probs.cumsum(-1)[:, -1]  # the mass before the first token not among them
-    # A top-p row without top-k is decided here only if the width largest hold top_p.
-    ok = fits | (whole & (p < 1) & (held >= p))
-    kept = vals.masked_fill(drop, float("-inf"))
-    probs = torch.zeros_like(x).scatter_(-1, idx, torch.softmax(kept, dim=-1))
+    # A whole-vocabulary top-p row is decided here only if the width largest hold top_p.
+    held = sorted_probs.cumsum(-1)[:, -1]
+    ok = fits | (whole & (held >= p))
+    probs = torch.zeros_like(x).scatter_(-1, idx, torch.softmax(vals.masked_fill(drop, float("-inf")), dim=-1))
     return probs, ok
 
 
