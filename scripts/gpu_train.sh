@@ -7,8 +7,9 @@
 #   MINUTES=8 METHOD=dspark INIT=dspark/drafters/shipped/dspark BATCH=32 bash scripts/gpu_train.sh OUT
 #   DEVICE=cpu MINUTES=0.5 EVAL=0 bash scripts/gpu_train.sh /tmp/out     # a dry run of the flags
 #
-# Needs runs/data/train.jsonl and runs/data/heldout.jsonl (`dspark data generate`; an
-# ignored path: carry runs/data with the working tree to the GPU machine). Installs
+# Reads runs/data/{train,heldout}.jsonl when they exist (`dspark data generate`; an
+# ignored path: carry runs/data), else the committed datasets/smollm2-135m-instruct/*.jsonl.gz.
+# NUM_LAYERS=3 grows the --init drafter by a layer (the A/B of a bigger drafter). Installs
 # dspark over the machine's own torch (scripts/install.sh keeps an importable one).
 # The checkpoint is written to OUT_DIR/<method> every SAVE_MIN minutes, so a run cut
 # short still leaves one; the recipe is the shipped drafter's (its config comes with
@@ -23,9 +24,12 @@ DEVICE=${DEVICE:-cuda}
 BATCH=${BATCH:-32}
 SAVE_MIN=${SAVE_MIN:-2}
 EVAL=${EVAL:-1}
+NUM_LAYERS=${NUM_LAYERS:-}
 mkdir -p "$OUT"
-for f in runs/data/train.jsonl runs/data/heldout.jsonl; do
-  [ -f "$f" ] || { echo "error: $f is missing (generate it with dspark data generate, then carry runs/data)" >&2; exit 2; }
+DATA=runs/data/train.jsonl HELDOUT=runs/data/heldout.jsonl
+if [ ! -f "$DATA" ]; then DATA=datasets/smollm2-135m-instruct/train.jsonl.gz HELDOUT=datasets/smollm2-135m-instruct/heldout.jsonl.gz; fi
+for f in "$DATA" "$HELDOUT"; do
+  [ -f "$f" ] || { echo "error: $f is missing (generate it with dspark data generate)" >&2; exit 2; }
 done
 command -v dspark >/dev/null 2>&1 && python3 -c "import dspark" 2>/dev/null || bash scripts/install.sh
 if [ "$DEVICE" = cuda ]; then
@@ -33,12 +37,12 @@ if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
 fi
 export PYTHONUNBUFFERED=1
-dspark train --method "$METHOD" --data runs/data/train.jsonl --eval-data runs/data/heldout.jsonl \
+dspark train --method "$METHOD" --data "$DATA" --eval-data "$HELDOUT" ${NUM_LAYERS:+--num-layers "$NUM_LAYERS"} \
   --batch-size "$BATCH" --position-decay 2 --blocks-per-seq 64 --no-progress --log-every 20 \
   --dtype bf16 --device "$DEVICE" --init "$INIT" --lr 3e-4 --max-steps 1000000 \
   --time-limit-min "$MINUTES" --save-every-min "$SAVE_MIN" --out "$OUT/$METHOD" 2>&1 | tee "$OUT/train-$METHOD.log"
 if [ "$METHOD" = dspark ]; then
-  dspark calibrate --drafter "$OUT/$METHOD" --data runs/data/heldout.jsonl --device "$DEVICE" 2>&1 \
+  dspark calibrate --drafter "$OUT/$METHOD" --data "$HELDOUT" --device "$DEVICE" 2>&1 \
     | tee "$OUT/calibrate.log"
 fi
 if [ "$EVAL" = 1 ]; then
