@@ -204,6 +204,38 @@ def test_attention_kernel_runs_of_tokens_give_each_token_alone(heads, kvh, threa
         torch.testing.assert_close(full[t].double(), ref, atol=2e-6, rtol=0)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_attention_kernel_each_isa_matches_fp64_and_is_batch_invariant(isa):
+    """The AVX2 attention and, on a CPU with AVX-512, the 16-lane one that reads each key
+    once per group of heads (the ISA of the process's matmuls decides): every
+    head-group size (1, 2, 3 heads per group and more than 3), context lengths on and
+    off the blocks of 8 keys, fp64 SDPA to 2e-6, and each token alone equal to it in a
+    batch."""
+    if isa == "avx512" and not {"avx512f", "avx512bw"} <= cpu_kernels.cpu_flags():
+        pytest.skip("no AVX-512 here: the AVX2 case covers this CPU")
+    g = torch.Generator().manual_seed(9)
+    try:
+        assert cpu_kernels.set_gemm_isa(isa) == isa
+        for heads, kvh, d in [(9, 3, 64), (4, 2, 64), (8, 8, 32), (14, 2, 48), (5, 1, 64)]:
+            length = 40
+            kc, vc = torch.randn(2, kvh, length, d, generator=g), torch.randn(2, kvh, length, d, generator=g)
+            slots = torch.tensor([1] * 9 + [0] * 3)
+            pos = torch.cat([torch.arange(14, 23), torch.tensor([0, 7, 8])])
+            qkv = torch.randn(len(slots), (heads + 2 * kvh) * d, generator=g)
+            full = cpu_kernels.attention_f32(qkv, heads, kc, vc, slots, pos)
+            q = qkv.view(len(slots), heads + 2 * kvh, d)[:, :heads]
+            for t in range(len(slots)):
+                one = cpu_kernels.attention_f32(qkv[t : t + 1], heads, kc, vc, slots[t : t + 1], pos[t : t + 1])
+                assert torch.equal(one[0], full[t]), (heads, kvh, d, t)
+                s, p = int(slots[t]), int(pos[t])
+                ref = torch.nn.functional.scaled_dot_product_attention(
+                    q[t].unsqueeze(1).double(), kc[s, :, : p + 1].double(), vc[s, :, : p + 1].double(),
+                    enable_gqa=True)[:, 0]
+                torch.testing.assert_close(full[t].double(), ref, atol=2e-6, rtol=0)
+    finally:
+        cpu_kernels.set_gemm_isa("avx512")
+
+
 def test_elementwise_kernels_match_torch():
     from dspark.runtime.model import rotate_half
 

@@ -32,6 +32,9 @@
 #endif
 
 #define PANEL 16
+#ifndef DOT_PF
+#define DOT_PF 32 /* weight rows (64 bytes each) prefetched ahead of the micro-kernel */
+#endif
 #define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* Compilers older than these have no AVX-512 BF16 intrinsics: the kernel is then left
@@ -82,7 +85,10 @@ static inline __attribute__((always_inline)) TBF void microdot(const uint16_t *x
     for (int64_t j = 0; j < pairs; j++) {
         __m512bh w[6];
 #pragma GCC unroll 8
-        for (int p = 0; p < NP; p++) w[p] = (__m512bh)_mm512_loadu_si512((const void *)(wp + p * pstride + j * 32));
+        for (int p = 0; p < NP; p++) {
+            _mm_prefetch((const char *)(wp + p * pstride + (j + DOT_PF) * 32), _MM_HINT_T0);
+            w[p] = (__m512bh)_mm512_loadu_si512((const void *)(wp + p * pstride + j * 32));
+        }
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x32[i * pairs + j]);
