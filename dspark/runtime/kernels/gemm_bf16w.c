@@ -38,6 +38,9 @@
 #endif
 
 #define PANEL 16
+#ifndef W_PF
+#define W_PF 64 /* weight rows (32 bytes each) prefetched ahead of the micro-kernels */
+#endif
 
 static inline __attribute__((always_inline)) void load_panel_row(const uint16_t *p, __m256 *lo, __m256 *hi) {
     __m256i v = _mm256_loadu_si256((const __m256i *)p);
@@ -77,7 +80,10 @@ static inline __attribute__((always_inline)) void micro(
     for (int64_t k = 0; k < K; k++) {
         __m256 w[4][2];
 #pragma GCC unroll 8
-        for (int p = 0; p < NP; p++) load_panel_row(wp + p * pstride + k * PANEL, &w[p][0], &w[p][1]);
+        for (int p = 0; p < NP; p++) {
+            _mm_prefetch((const char *)(wp + p * pstride + (k + W_PF) * PANEL), _MM_HINT_T0);
+            load_panel_row(wp + p * pstride + k * PANEL, &w[p][0], &w[p][1]);
+        }
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
             __m256 xb = _mm256_broadcast_ss(x + i * K + k);
@@ -193,6 +199,7 @@ static inline __attribute__((always_inline)) T512 void micro512(
         for (int i = 0; i < MR; i++) xb[i] = _mm512_set1_ps(x[i * K + k]);
 #pragma GCC unroll 8
         for (int p = 0; p < NP; p++) {
+            _mm_prefetch((const char *)(wp + p * pstride + (k + W_PF) * PANEL), _MM_HINT_T0);
             __m512 w = widen16(wp + p * pstride + k * PANEL, idx);
 #pragma GCC unroll 8
             for (int i = 0; i < MR; i++) acc[i][p] = _mm512_fmadd_ps(xb[i], w, acc[i][p]);
