@@ -86,7 +86,8 @@ static inline __attribute__((always_inline)) TBF void microdot(const uint16_t *x
         __m512bh w[6];
 #pragma GCC unroll 8
         for (int p = 0; p < NP; p++) {
-            _mm_prefetch((const char *)(wp + p * pstride + (j + DOT_PF) * 32), _MM_HINT_T0);
+            if (MR > 1) /* a one-row call is bound by the weight stream, which the hardware prefetches */
+                _mm_prefetch((const char *)(wp + p * pstride + (j + DOT_PF) * 32), _MM_HINT_T0);
             w[p] = (__m512bh)_mm512_loadu_si512((const void *)(wp + p * pstride + j * 32));
         }
 #pragma GCC unroll 8
