@@ -490,3 +490,27 @@ def test_statistic_catches_a_wrong_sampler(bug: str | None, transform: str) -> N
         assert z < Z_PASS  # the toy verifier itself is right, so a failure below is the bug's
     else:
         assert z > Z_CAUGHT
+
+
+def test_all_greedy_batches_accept_the_prefix_that_matches_the_argmax() -> None:
+    """A batch of greedy requests only (plain decoding, greedy speculation) takes its own
+    path: each request keeps the drafts up to the first that differs from the target's
+    argmax at its row, then the argmax after them; checked against that rule written out."""
+    g = torch.Generator().manual_seed(11)
+    vocab = 50
+    for trial in range(40):
+        lengths = torch.randint(0, 6, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+        logits = torch.randn(sum(lengths) + len(lengths), vocab, generator=g)
+        best = logits.argmax(-1).tolist()
+        drafts, cu = [], [0]
+        for i, n in enumerate(lengths):
+            row = cu[-1] + i
+            keep = int(torch.randint(0, n + 1, (1,), generator=g))  # drafts that agree, then one that may not
+            drafts += [best[row + j] if j < keep else int(torch.randint(0, vocab, (1,), generator=g)) for j in range(n)]
+            cu.append(cu[-1] + n)
+        out = rejection_sample(logits, torch.tensor(drafts, dtype=torch.long), None, cu,
+                               [SamplingParams()] * len(lengths), [None] * len(lengths))
+        for i, n in enumerate(lengths):
+            row, mine = cu[i] + i, drafts[cu[i]:cu[i + 1]]
+            a = next((j for j in range(n) if mine[j] != best[row + j]), n)
+            assert out.num_accepted[i] == a and out.output_tokens[i] == mine[:a] + [best[row + a]], (trial, i)

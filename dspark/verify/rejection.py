@@ -86,6 +86,8 @@ def rejection_sample(
     num_draft = _check_inputs(target_logits, draft_tokens, draft_logits, cu_num_draft, params, generators)
     if not params:
         return VerifyResult(num_accepted=[], output_tokens=[])
+    if all(p.greedy for p in params):
+        return _greedy(target_logits, draft_tokens, cu_num_draft)
     device = target_logits.device
     num_req = len(params)
     draft_len = torch.tensor(num_draft, dtype=torch.long, device=device)  # [R]
@@ -124,6 +126,24 @@ def rejection_sample(
     drafts = draft_tokens.tolist()
     finals = final_tokens.tolist()
     outputs = [drafts[start : start + a] + [tok] for start, a, tok in zip(cu_num_draft, counts, finals)]
+    return VerifyResult(num_accepted=counts, output_tokens=outputs)
+
+
+def _greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_num_draft: list[int]) -> VerifyResult:
+    """A batch of greedy requests only (plain decoding's every step): the longest prefix
+    of each request's drafts that equals the target's argmax, then the argmax after it,
+    in plain Python over the few tokens there are (the general path's tensor
+    bookkeeping cost a one-token decode step 0.4 ms)."""
+    best = argmax_rows(target_logits).tolist()
+    drafts = draft_tokens.tolist()
+    counts, outputs = [], []
+    for i, (start, end) in enumerate(zip(cu_num_draft, cu_num_draft[1:])):
+        row = start + i  # the request's first target row
+        a = 0
+        while start + a < end and drafts[start + a] == best[row + a]:
+            a += 1
+        counts.append(a)
+        outputs.append(drafts[start : start + a] + [best[row + a]])
     return VerifyResult(num_accepted=counts, output_tokens=outputs)
 
 
