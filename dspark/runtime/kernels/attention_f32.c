@@ -37,6 +37,24 @@
 #include <omp.h>
 #endif
 
+/* One head's scores wh[0..n) -> exp(score - max) in place, zeros in the padding up to
+ * the next multiple of 8; returns 1 / their sum (a fixed order: 8 lanes, then hsum8). */
+static float softmax_weights(float *wh, int64_t n) {
+    const int64_t n8 = (n + 7) & ~(int64_t)7;
+    float mx = wh[0];
+    for (int64_t j = 1; j < n; j++) mx = wh[j] > mx ? wh[j] : mx;
+    for (int64_t j = n; j < n8; j++) wh[j] = -1e30f; /* exp -> 0 in the padding */
+    __m256 vmx = _mm256_set1_ps(mx), vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(wh + j), vmx));
+        e = j + 8 <= n ? e : _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        _mm256_storeu_ps(wh + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    return 1.0f / hsum8(vsum);
+}
+
 /* One token, the `g` query heads of one KV head. q: [g][D]; out: [g][D];
  * keys/values: [n][D]; w: scratch of g * n floats (rounded up to 8). */
 static void attend_group(const float *q, const float *keys, const float *values, float *out, int64_t g,
@@ -66,18 +84,7 @@ static void attend_group(const float *q, const float *keys, const float *values,
                 acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kj + d), acc);
             wh[j] = hsum8(acc) * scale;
         }
-        float mx = wh[0];
-        for (int64_t j = 1; j < n; j++) mx = wh[j] > mx ? wh[j] : mx;
-        for (int64_t j = n; j < n8; j++) wh[j] = -1e30f; /* exp -> 0 in the padding */
-        __m256 vmx = _mm256_set1_ps(mx), vsum = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n8; j += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(wh + j), vmx));
-            e = j + 8 <= n ? e : _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                    _mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
-            _mm256_storeu_ps(wh + j, e);
-            vsum = _mm256_add_ps(vsum, e);
-        }
-        const __m256 inv = _mm256_set1_ps(1.0f / hsum8(vsum));
+        const __m256 inv = _mm256_set1_ps(softmax_weights(wh, n));
         float *oh = out + h * D;
         for (int64_t d0 = 0; d0 < D; d0 += 64) {
             const int64_t dn = D - d0 < 64 ? D - d0 : 64;
@@ -195,21 +202,7 @@ static T512 void attend_group512(const float *q, const float *keys, const float 
     float inv[4];
     for (int64_t h0 = 0; h0 < g; h0 += 4) {
         const int gh = g - h0 < 4 ? (int)(g - h0) : 4;
-        for (int h = 0; h < gh; h++) { /* softmax weights, as attend_group */
-            float *wh = w + (h0 + h) * n8;
-            float mx = wh[0];
-            for (int64_t j = 1; j < n; j++) mx = wh[j] > mx ? wh[j] : mx;
-            for (int64_t j = n; j < n8; j++) wh[j] = -1e30f;
-            __m256 vmx = _mm256_set1_ps(mx), vsum = _mm256_setzero_ps();
-            for (int64_t j = 0; j < n8; j += 8) {
-                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(wh + j), vmx));
-                e = j + 8 <= n ? e : _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                        _mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
-                _mm256_storeu_ps(wh + j, e);
-                vsum = _mm256_add_ps(vsum, e);
-            }
-            inv[h] = 1.0f / hsum8(vsum);
-        }
+        for (int h = 0; h < gh; h++) inv[h] = softmax_weights(w + (h0 + h) * n8, n);
         const float *wh = w + h0 * n8;
         float *oh = out + h0 * D;
         for (int64_t d0 = 0; d0 < D; d0 += 64) {
