@@ -84,28 +84,27 @@ def logits_to_probs(
     cut = (k < v) | (p < 1)
     if not bool(cut.any()):
         return torch.softmax(x / temp.unsqueeze(-1), dim=-1).reshape(*lead, v)
-    every = bool(cut.all())  # the usual case: one request's rows, or a batch sampling alike
-    out = None if every else torch.empty_like(x)
-    if not every:
-        rest = (~cut).nonzero().squeeze(-1)
-        out.index_copy_(0, rest, torch.softmax(x.index_select(0, rest) / temp.index_select(0, rest).unsqueeze(-1), -1))
-    rows = cut.nonzero().squeeze(-1)
-    xs, ts, ks, ps = (x, temp, k, p) if every else (t.index_select(0, rows) for t in (x, temp, k, p))
-    width = min(FEW_CAP, v)
-    if width < v:
-        probs, ok = _kept_among_largest(xs, ts, ks, ps, width)
-        if bool(ok.all()):
-            if out is None:
-                return probs.reshape(*lead, v)
-            return out.index_copy_(0, rows, probs).reshape(*lead, v)
-        if out is None:
-            out = torch.empty_like(x)
-        out.index_copy_(0, rows[ok], probs[ok])
-        rows, xs, ts, ks, ps = (t[~ok] for t in (rows, xs, ts, ks, ps))
-    sorted_probs = _kept_by_full_sort(xs / ts.unsqueeze(-1), ks, ps)
-    if out is None:
-        return sorted_probs.reshape(*lead, v)
-    return out.index_copy_(0, rows, sorted_probs).reshape(*lead, v)
+    if bool(cut.all()):  # the usual case (one request's rows, or a batch sampling alike): no copies
+        return _cut_probs(x, temp, k, p).reshape(*lead, v)
+    out = torch.empty_like(x)
+    rows, rest = cut.nonzero().squeeze(-1), (~cut).nonzero().squeeze(-1)
+    out.index_copy_(0, rows, _cut_probs(*(t.index_select(0, rows) for t in (x, temp, k, p))))
+    out.index_copy_(0, rest, torch.softmax(x.index_select(0, rest) / temp.index_select(0, rest).unsqueeze(-1), -1))
+    return out.reshape(*lead, v)
+
+
+def _cut_probs(x, temp, k, p) -> torch.Tensor:
+    """Rows with top-k or top-p: from their FEW_CAP largest logits where the kept set
+    lies there, the others by a full sort."""
+    v = x.shape[-1]
+    if FEW_CAP >= v:
+        return _kept_by_full_sort(x / temp.unsqueeze(-1), k, p)
+    probs, ok = _kept_among_largest(x, temp, k, p, FEW_CAP)
+    if not bool(ok.all()):
+        rows = (~ok).nonzero().squeeze(-1)
+        probs.index_copy_(0, rows, _kept_by_full_sort(x.index_select(0, rows) / temp.index_select(0, rows).unsqueeze(-1),
+                                                      k.index_select(0, rows), p.index_select(0, rows)))
+    return probs
 
 
 def _top_p_drop(sorted_probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

@@ -150,7 +150,7 @@ static inline __attribute__((always_inline)) T512 void score8(const float *q, co
         _mm256_storeu_ps(w + h * n8 + j, _mm256_mul_ps(sum8x16(acc[h]), _mm256_set1_ps(scale)));
 }
 
-/* out[h] += sum_j w[h][j] v_j for GH (1-4) heads over columns [d0, d0 + 16 NC) */
+/* out[h] = inv[h] * sum_j w[h][j] v_j (j ascending) for GH (1-4) heads, columns [d0, d0 + 16 NC) */
 static inline __attribute__((always_inline)) T512 void weigh_values(const float *values, const float *w, int64_t n8,
                                                                      int64_t n, int64_t D, int64_t d0, float *out,
                                                                      const float *inv, int GH, int NC) {
