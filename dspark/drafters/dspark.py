@@ -241,24 +241,24 @@ class DSparkDrafter(KVDrafter):
         num_cand = self.markov_candidates
         restrict = self.markov_head is not None and 0 < num_cand < base.shape[-1]
         if restrict:
+            # The candidates' base logits and W2 rows for every position at once; the
+            # loop below then costs a few small ops per drafted token.
             cand = base.topk(num_cand, dim=-1).indices  # [R, n, C]
             base_cand = base.gather(-1, cand)  # [R, n, C]
-            w2 = self.markov_head.markov_w2.weight  # [vocab, rank]
+            w2c = self.markov_head.markov_w2.weight[cand]  # [R, n, C, rank]
         for k in range(num_tokens):
-            step = base[:, k]
             if self.markov_head is not None:
                 latent = self.markov_head.latent(prev, h[:, k], latent)  # [R, rank]
                 latents.append(latent)
                 if restrict:
-                    c = cand[:, k]  # [R, C]
-                    bias = torch.bmm(w2[c].to(latent.dtype), latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
-                    step_cand = base_cand[:, k] + bias.float()
-                    step = torch.full_like(step, float("-inf")).scatter_(1, c, step_cand)
-                    chosen = c.gather(1, choose_tokens(step_cand, requests).unsqueeze(1)).squeeze(1)
+                    bias = torch.bmm(w2c[:, k].to(latent.dtype), latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
+                    step = base_cand[:, k] + bias.float()  # over the candidates only
+                    chosen = cand[:, k].gather(1, choose_tokens(step, requests).unsqueeze(1)).squeeze(1)
                 else:
-                    step = step + self.markov_head.bias(latent).float()
+                    step = base[:, k] + self.markov_head.bias(latent).float()
                     chosen = choose_tokens(step, requests)
             else:
+                step = base[:, k]
                 chosen = choose_tokens(step, requests)
             prev = self.to_target_ids(chosen)
             if lookup is not None:
@@ -269,7 +269,12 @@ class DSparkDrafter(KVDrafter):
                 confs.append(torch.where(alive, look_conf[:, k], c_k))
             tokens.append(prev)
             logits.append(step)
-        out_logits = self.to_target_logits(torch.stack(logits, dim=1))
+        step_logits = torch.stack(logits, dim=1)
+        if restrict:  # the restricted distribution over the target vocabulary: -inf but at the candidates
+            full = step_logits.new_full((r, num_tokens, self.config.vocab_size), float("-inf"))
+            out_logits = full.scatter_(2, self.to_target_ids(cand), step_logits)
+        else:
+            out_logits = self.to_target_logits(step_logits)
         if lookup is None:
             conf = None
             if self.confidence_head is not None:

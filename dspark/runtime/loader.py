@@ -113,6 +113,10 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     return best, line
 
 
+#: other processes' busy cores (dspark.profiling.measure.busy_cores) above which a
+#: precision measurement is not cached
+BUSY_CORES_LIMIT = 0.5
+
 #: a measurement whose timed runs vary more than this ((max - min) / median, for some
 #: precision) ran beside other work: used once, never cached
 PRECISION_NOISE = 0.5
@@ -188,7 +192,16 @@ def cached_choose_precision(cfg: ModelConfig) -> tuple[str, str]:
             return saved["precision"], saved["line"] + f"  [measured earlier; delete {f} to measure again]"
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    from dspark.profiling.measure import busy_cores
+
+    before = busy_cores(0.1)
     best, line, steady = _measure_precisions(cfg, repeats=7)
+    # Runs that are all slow alike look steady: a measurement beside other work (busy
+    # cores before or after it) is used for this load only, never kept for the next.
+    busy = max(before or 0.0, busy_cores(0.1) or 0.0)
+    if busy >= BUSY_CORES_LIMIT:
+        steady = False
+        line += f"  [other processes kept {busy:.1f} cores busy: measured again at the next start]"
     if steady:
         try:
             f.parent.mkdir(parents=True, exist_ok=True)
