@@ -147,28 +147,33 @@ def test_a_backlog_full_while_the_fallback_decodes_plain_is_dropped_not_fed():
 
 
 @pytest.mark.slow
-def test_requests_that_lose_the_drafter_under_the_fallback_stay_exact(greedy_case, monkeypatch):  # noqa: F811
-    from dspark.engine import context_feed
+def test_plain_mode_steps_tap_nothing_and_their_requests_stay_exact_on_lookup(greedy_case):  # noqa: F811
     from dspark.sampling import SamplingParams
     from test_live_step_time import adaptive_hybrid_engine
 
-    monkeypatch.setattr(context_feed, "PENDING_FLUSH", 8)  # backlogs fill within a few plain steps
     target, prompts, refs = greedy_case
     engine, _ = adaptive_hybrid_engine(target)
-    # every load governed, plain first, then speculation trials: requests lose their drafter
-    # context in the plain stretches and go on with lookup alone
+    # every load governed, plain first, then speculation trials: the requests of the plain
+    # stretches let the drafter go and go on with lookup alone
     engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1, from_requests=1)
-    runner, seen = engine.runner, set()
-    inner = engine.step
+    runner, seen, taps = engine.runner, set(), []
+    model, inner = runner.model, engine.step
+
+    def forward(batch, cache, layers):
+        taps.append((runner.speculating, list(layers)))
+        return model(batch, cache, layers)
 
     def step():
         out = inner()
         seen.update(runner.contextless)
         return out
 
-    engine.step = step
+    runner.model, engine.step = forward, step
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
         assert seq.output_ids == ref
     assert seen and engine.governor.steps(SPEC) > 0
+    assert {tuple(layers) for spec, layers in taps if not spec} == {()}  # plain mode: no hidden states
+    assert {tuple(layers) for spec, layers in taps if spec} == {tuple(runner.hidden_layers)}
+    assert runner.hidden_layers and engine.total_stats().accepted_tokens > 0  # lookup still served
     assert not runner.contextless  # released with their requests

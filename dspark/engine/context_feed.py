@@ -7,14 +7,15 @@ that request again (or when the backlog reaches PENDING_FLUSH tokens, which boun
 the memory a long stretch without drafting holds). A request whose context the
 drafter cannot take is marked undrafted for the rest of its life.
 
-While the engine decodes plain by the plain-decoding fallback's call (`feeding()` is
-false: speculation does not pay at this load), a backlog that reaches PENDING_FLUSH is
-dropped instead of fed, and its request goes on without the drafter (`contextless`:
-prompt lookup still serves it, which needs no drafter context). Feeding it would
-spend a drafter pass on every token of every request at exactly the load where
-nothing drafts: in bursts of 32 requests its plain-mode steps ran at 0.92 of plain
-decoding's efficiency with feeding (plain's own steps: 0.99 in that run) and at 0.94
-without (plain's own: 0.92), BENCHMARKS.md.
+While the engine decodes plain by the plain-decoding fallback's call (speculation does
+not pay at this load), the requests of those steps go on without the drafter
+(`let_go`, `contextless`: prompt lookup still serves them, which needs no drafter
+context), and the steps tap no hidden states at all, so that they cost what plain
+decoding's steps cost. Keeping the taps for a later catch-up spent, per plain-mode
+step of 16 requests, the taps' 3 % of the target's forward and their bookkeeping, and
+feeding the backlog a drafter pass on every token of every request at exactly the load
+where nothing drafts (docs/benchmarks/serving.md). `feeding()` false also drops any
+backlog that reaches PENDING_FLUSH on the way.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class ContextFeed:
         self.pending.pop(request_id, None)
         self.pending_tokens.pop(request_id, None)
 
+    def let_go(self, ids: list) -> None:
+        """These requests go on without the drafter (`contextless`): their backlog is
+        dropped and no more context is kept for them; prompt lookup still serves them."""
+        for rid in ids:
+            self.drop(rid)
+            self.contextless.add(rid)
+
     def stash(self, ids: list, tokens: list[list[int]], starts: list[int], rows: list[int],
                hidden: torch.Tensor | None) -> None:
         """Keep the accepted tokens and their tapped hidden states for the drafter's next
@@ -77,9 +85,7 @@ class ContextFeed:
             if size >= PENDING_FLUSH:
                 full.append(rid)
         if full and not self.feeding():
-            for rid in full:  # plain decoding by the fallback's call: let the drafter go
-                self.drop(rid)
-                self.contextless.add(rid)
+            self.let_go(full)  # plain decoding by the fallback's call
             return
         if full:
             self.flush(full)

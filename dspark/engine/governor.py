@@ -33,12 +33,10 @@ speculating, and governing only 32 and up left the burst at 0.95x plain. A
 speculation trial still runs after every gap, so a workload where it wins there
 (long copies from the prompt) gets it back.
 
-Plain mode drafts nothing and verifies nothing (the rows are plain decoding, exact
-by construction); the accepted tokens' hidden states are still kept for the drafter,
-which catches up when speculation resumes, up to a backlog of PENDING_FLUSH tokens
-per request: past it the request lets the drafter go and keeps prompt lookup
-(`ContextFeed`). Decisions use past steps only, so they
-are lossless like the scheduler's own.
+Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
+plain decoding, exact by construction): the requests of a plain-mode step let the
+drafter go and keep prompt lookup for any later speculation (`ContextFeed.let_go`).
+Decisions use past steps only, so they are lossless like the scheduler's own.
 """
 
 from __future__ import annotations

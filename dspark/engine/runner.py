@@ -229,8 +229,13 @@ class SpecRunner:
         if prepared is None:
             return {}
         batch, tokens = prepared
+        taps = self.hidden_layers
+        if not self.speculating and self.feed is not None:
+            # plain decoding by the fallback's call: no taps; these requests let the drafter go
+            taps = []
+            self.feed.let_go([s.request_id for s in decodes + [p[0] for p in prefills] if s.speculate])
         t1 = time.perf_counter()
-        logits, hidden = self.model(batch, self.cache, self.hidden_layers)
+        logits, hidden = self.model(batch, self.cache, taps)
         self.last_target_seconds = time.perf_counter() - t1
         finishing = [s for s, _, end in prefills if end == len(s.prompt_ids)]
         result = self._verify(logits, decodes + finishing, lengths + [0] * len(finishing), draft_tokens,
