@@ -89,11 +89,11 @@ def test_from_n_requests_only_the_top_levels_are_governed_and_they_start_plain()
         SpecGovernor(from_requests=0)
 
 
-def test_the_default_configuration_governs_16_requests_and_more():
+def test_the_default_configuration_governs_8_requests_and_more():
     from dspark.engine.config import DEFAULT_SPECULATIVE, SpeculativeConfig
     from dspark.errors import UserError
 
-    assert SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE).plain_fallback == 16
+    assert SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE).plain_fallback == 8
     for bad in (0, -4, "yes", 2.5):
         with pytest.raises(UserError, match="plain_fallback"):
             SpeculativeConfig(method="dspark", plain_fallback=bad)

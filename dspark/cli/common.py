@@ -41,5 +41,5 @@ def add_speculative_arg(p: argparse.ArgumentParser) -> None:
                         "methods: dspark, dflash, eagle3, mtp, ngram (without \"model\", the drafter shipped for "
                         "the default model). 'none' = no speculation. Default (also in every other command): the "
                         "shipped DSpark drafter with prompt lookup (hybrid), adaptive verification and the "
-                        "plain-decoding fallback from 16 running requests; for a target without a shipped "
+                        "plain-decoding fallback from 8 running requests; for a target without a shipped "
                         "drafter, no speculation, with a warning")

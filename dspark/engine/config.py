@@ -53,12 +53,13 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: shipped for the target, with adaptive verification; a target without one runs
 #: without speculation (with a warning). 'none' turns speculation off.
 #: hybrid drafting (DSpark + prompt lookup) with adaptive verification, and the
-#: plain-decoding fallback from 16 running requests: served, interleaved, 1.35x plain
-#: decoding at one request, 1.03x at four, 0.91-1.07x at sixteen and 0.81-0.87x at 32
-#: over three runs, in bf16x (BENCHMARKS.md, "Step-time curves that a slow spell cannot
-#: bend, and the plain-decoding fallback at high load")
+#: plain-decoding fallback from 8 running requests: served, interleaved, on a 2-core
+#: AMX Xeon in bf16x, 1.39-1.50x plain decoding at one request, 1.13x at four, 0.95-1.00x
+#: at sixteen and 0.94-0.98x at 32, where the fallback from 16 ran 0.91-0.94x and
+#: 0.90-0.93x in the same rounds (docs/benchmarks/serving.md, "Plain-mode steps that
+#: tap nothing, and the fallback from 8 requests")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
-                       "plain_fallback": 16}
+                       "plain_fallback": 8}
 
 
 @dataclass

@@ -23,13 +23,14 @@ speculation off for such stretches, by measurement rather than by model:
 Measured on the default model, that settled on plain decoding in a long run at 16
 requests where speculation alone was faster (its trials see too few of the bursts in
 which lookup pays), and at one request its plain trials cost a few percent. So the
-default governs high load only: `"plain_fallback": 16` governs steps of 16 decoding
+default governs high load only: `"plain_fallback": 8` governs steps of 8 decoding
 requests or more (their power-of-two level and those above), and there it starts
-with plain decoding. At that load a step is compute-bound, a verified token pays only
-when it is accepted nearly always, and speculation's own costs (lookup, the
+with plain decoding. At that load a step is nearly compute-bound, a verified token
+pays only when it is accepted nearly always, and speculation's own costs (lookup, the
 drafter's probes, the context it is fed) cost more than it returned: in bursts of 32
 requests, steps of 16-31 requests ran at 0.89 of plain decoding's efficiency while
-speculating, and governing only 32 and up left the burst at 0.95x plain. A
+speculating; served at 16 requests, whose running count dips below 16 between
+requests, governing from 16 left 0.91-0.94x plain and from 8 0.95-1.00x. A
 speculation trial still runs after every gap, so a workload where it wins there
 (long copies from the prompt) gets it back.
 
