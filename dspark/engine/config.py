@@ -56,7 +56,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: plain-decoding fallback from 8 running requests: served, interleaved, on a 2-core
 #: AMX Xeon in bf16x, 1.39-1.50x plain decoding at one request, 1.13x at four, 0.95-1.00x
 #: at sixteen and 0.94-0.98x at 32, where the fallback from 16 ran 0.91-0.94x and
-#: 0.90-0.93x in the same rounds (docs/benchmarks/serving.md, "Plain-mode steps that
+#: 0.90-0.93x in the same rounds (docs/benchmarks/fallback.md, "Plain-mode steps that
 #: tap nothing, and the fallback from 8 requests")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 8}
