@@ -135,3 +135,42 @@ def test_a_trained_drafter_grows_layers_and_drafts_the_same_until_trained(traine
     with pytest.raises(UserError, match="can grow, not shrink"):
         Trainer(train_config("dspark", tiny_data, tmp_path / "bad", init=str(tmp_path / "grown"), num_layers=n),
                 tiny_target)
+
+
+def test_renewal_tau_over_greedy_output_is_the_engines_tau(trained, tiny_target, tmp_path):
+    """Teacher-forced matches walked as decoding meets them (dspark/train/heldout.py)
+    predict greedy decoding's τ at a fixed block, round for round, checked against
+    the engine run on the same prompts; the per-anchor mean weights positions
+    differently and is not asked to agree."""
+    import json
+
+    from dspark.engine.config import EngineConfig, SpeculativeConfig
+    from dspark.engine.engine import LLMEngine
+    from dspark.sampling import SamplingParams
+    from dspark.train import Trainer
+    from dspark.train.heldout import renewal_tau
+
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, TINY_VOCAB, (int(n),), generator=g).tolist()
+               for n in torch.randint(4, 12, (6,), generator=g)]
+    params = [SamplingParams(temperature=0.0, max_tokens=40) for _ in prompts]
+    plain = LLMEngine(tiny_target, None, EngineConfig(max_num_seqs=6, max_model_len=256)).generate(prompts, params)
+    records = tmp_path / "greedy.jsonl"
+    records.write_text("".join(json.dumps({"id": str(i), "domain": "chat", "prompt_token_ids": p,
+                                           "response_token_ids": list(s.output_ids), "finish_reason": "length"}) + "\n"
+                               for i, (p, s) in enumerate(zip(prompts, plain))))
+    trainer = Trainer(train_config("dspark", records, tmp_path / "unused", init=str(trained["dspark"]),
+                                   blocks_per_seq=64, eval_data=[str(records)]), tiny_target)
+    got = renewal_tau(trainer, trainer.teacher, trainer.seqs)["all"]
+    spec = SpeculativeConfig(method="dspark", model=str(trained["dspark"]), num_speculative_tokens=trainer.gamma,
+                             verification_policy="fixed")
+    engine = LLMEngine(tiny_target, spec, EngineConfig(max_num_seqs=6, max_model_len=256))
+    spec_out = engine.generate(prompts, params)
+    assert [s.output_ids for s in spec_out] == [s.output_ids for s in plain]
+    stats = engine.total_stats()
+    assert got["tokens"] == stats.rounds + stats.accepted_tokens
+    assert got["rounds"] == stats.rounds
+    assert 1.0 < got["renewal_tau"] < got["anchor_tau"]  # the drafter accepts something; decoding lingers where it fails
+    logged = trainer.evaluate()  # the same records as held-out data: what training logs
+    assert logged["heldout_renewal_tau"] == round(got["renewal_tau"], 4)
+    assert logged["heldout_tau"] == round(got["anchor_tau"], 4)

@@ -38,7 +38,8 @@ from dspark.runtime.target import Target
 
 from .checkpoints import read_checkpoint, write_checkpoint
 from .config import TrainConfig
-from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visit_batches, visits_per_sequence
+from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visits_per_sequence
+from .heldout import heldout_acceptance
 from .init import continue_from
 from .losses import (expected_acceptance_length, greedy_match, per_position_means, position_terms, position_weights,
                      weighted_sums)
@@ -216,41 +217,9 @@ class Trainer:
                    tail_sum=targets.tail.sum().double(), grad_norm=grad_norm.detach().double())
         return out
 
-    @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out greedy acceptance, teacher-forced: per anchor of every held-out
-        response, whether the drafter's argmax at each block position equals the
-        target's; conditional rates per position and τ = 1 + Σ_k Π_{j≤k} match_j (the
-        acceptance length of greedy verification at this block, one round per anchor)."""
-        teacher, seqs, gamma = self.eval_teacher, self.eval_seqs, self.gamma
-        cfg = self.config
-        match_n = torch.zeros(gamma, dtype=torch.float64)
-        seen_n = torch.zeros(gamma, dtype=torch.float64)
-        tau_sum, anchors = 0.0, 0
-        was_training = self.drafter.training
-        self.drafter.eval()
-        for idx, anchors_of in visit_batches(seqs, cfg.blocks_per_seq, cfg.batch_size, cfg.seed):
-            batch = AnchorBatch.build([seqs[i].tokens for i in idx], anchors_of, gamma, self.device)
-            hidden, targets = teacher.teach(idx, batch.target_rows())
-            drafted = self._forward(batch, hidden)
-            match = greedy_match(drafted.logits, self.drafter.to_draft_ids(targets.ids[:, 0]))
-            valid = batch.valid
-            full = torch.zeros(valid.shape, dtype=torch.float64, device=match.device)
-            full[valid] = match.double()
-            alive = full.cumprod(-1)  # [B, A, γ]: the prefix up to k all matched
-            real = batch.anchor_mask
-            tau_sum += float((1 + alive.sum(-1))[real].sum())
-            anchors += int(real.sum())
-            prev_alive = torch.cat([torch.ones_like(alive[..., :1]), alive[..., :-1]], dim=-1)
-            reached = prev_alive.bool() & valid
-            match_n += (full * reached).sum((0, 1)).cpu()
-            seen_n += reached.double().sum((0, 1)).cpu()
-        self.drafter.train(was_training)
-        cond = (match_n / seen_n.clamp(min=1)).tolist()
-        rec = {f"heldout_accept@{k + 1}": round(c, 4) for k, c in enumerate(cond) if seen_n[k] > 0}
-        rec["heldout_tau"] = round(tau_sum / max(anchors, 1), 4)
-        rec["heldout_anchors"] = anchors
-        return rec
+        """Held-out greedy acceptance, teacher-forced (`heldout.heldout_acceptance`)."""
+        return heldout_acceptance(self, self.eval_teacher, self.eval_seqs)
 
     def run(self) -> TrainResult:
         from tqdm import tqdm
@@ -317,7 +286,8 @@ class Trainer:
         if self.dist.is_main:
             with open(path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-            print(f"[eval] step {self.step}: held-out greedy tau {rec['heldout_tau']:.3f}, accept@1..3 "
+            print(f"[eval] step {self.step}: held-out greedy tau {rec['heldout_tau']:.3f} per anchor, "
+                  f"{rec['heldout_renewal_tau']:.3f} as decoding meets them, accept@1..3 "
                   + " ".join(f"{rec.get(f'heldout_accept@{k}', float('nan')):.3f}" for k in (1, 2, 3)),
                   file=sys.stderr, flush=True)
         score = rec["heldout_tau"]
