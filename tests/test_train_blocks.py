@@ -174,3 +174,27 @@ def test_renewal_tau_over_greedy_output_is_the_engines_tau(trained, tiny_target,
     logged = trainer.evaluate()  # the same records as held-out data: what training logs
     assert logged["heldout_renewal_tau"] == round(got["renewal_tau"], 4)
     assert logged["heldout_tau"] == round(got["anchor_tau"], 4)
+
+
+def test_round_start_weights_walk_the_rounds_of_decoding(trained, tiny_target, tiny_data, tmp_path):
+    """An anchor weighs 1 + W where greedy decoding with these matches would start a
+    round: at the first anchor, then one past each round's accepted prefix; a start
+    that was not sampled resumes at the next sampled anchor. Training with it runs."""
+    from dspark.train import Trainer
+    from dspark.train.heldout import round_start_weights
+    from dspark.train.objectives import AnchorBatch
+
+    batch = AnchorBatch.build([list(range(40)), list(range(40))], [[5, 6, 7, 8, 9, 10, 11, 12], [3, 4, 9, 20]],
+                              3, "cpu")
+    m = torch.zeros(batch.valid.shape, dtype=torch.bool)
+    m[0, 0, :2] = True  # anchor 5 accepts 2: the next round starts at 8
+    m[0, 4, :] = True  # anchor 9 accepts 3: the next round would start at 13, past the visit
+    m[1, 0, 0] = True  # anchor 3 accepts 1: the start at 5 was not sampled, resume at 9
+    w = torch.zeros(batch.valid.shape)
+    w[batch.valid] = round_start_weights(batch, m[batch.valid], 2.0)
+    assert w[0, :, 0].tolist() == [3, 1, 1, 3, 3, 1, 1, 1]  # starts 5, 8, 9
+    assert w[1, :4, 0].tolist() == [3, 1, 3, 3]  # starts 3, 9, 20
+    assert (w[batch.valid] == w[..., :1].expand_as(w)[batch.valid]).all()  # a block's positions weigh as its anchor
+    result = Trainer(train_config("dspark", tiny_data, tmp_path / "rs", init=str(trained["dspark"]), max_steps=3,
+                                  blocks_per_seq=64, round_start_weight=2.0), tiny_target).run()
+    assert result.steps == 3 and torch.isfinite(torch.tensor(result.last_log["loss"]))

@@ -63,6 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the target distribution p is kept as its top-k (default: %(default)s)")
     o.add_argument("--position-decay", type=float, default=4.0,
                    help="block position weights exp(-k/D) (default: %(default)s, the paper's)")
+    o.add_argument("--round-start-weight", type=float, default=0.0, metavar="W",
+                   help="weigh 1 + W the anchors where greedy decoding with the drafter as it is would start a "
+                        "round (its own matches in the step): decoding's cost is its rounds, and only a round's "
+                        "start can shorten them. Walks the anchors of a visit; set --blocks-per-seq to the "
+                        "longest response so a visit holds them all (default: %(default)s, every anchor alike)")
     o.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: %(default)s)")
     o.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default: 4%% of the steps)")
     o.add_argument("--weight-decay", type=float, default=0.01, help="(default: %(default)s)")
@@ -118,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         blocks_per_seq=args.blocks_per_seq, draft_vocab_size=args.draft_vocab_size,
         sample_from_anchor=args.sample_from_anchor, init=args.init,
-        teacher_topk=args.teacher_topk, position_decay=args.position_decay, save_every_min=args.save_every_min,
+        teacher_topk=args.teacher_topk, position_decay=args.position_decay,
+        round_start_weight=args.round_start_weight, save_every_min=args.save_every_min,
         eval_data=args.eval_data, early_stop_evals=args.early_stop_evals, lr=args.lr, warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed, precision=args.precision,
         max_seq_len=args.max_seq_len, save_every=args.save_every, log_every=args.log_every,

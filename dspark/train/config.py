@@ -33,6 +33,7 @@ class TrainConfig:
     # a directory: continue from that trained drafter (its sizes, taps and draft vocabulary)
     teacher_topk: int = 32  # p kept as its top-k
     position_decay: float = 4.0  # block position weights exp(-k/decay)
+    round_start_weight: float = 0.0  # anchors where greedy decoding starts a round weigh 1 + this (heldout.py)
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int | None = None  # None = 4% of the steps
@@ -70,6 +71,8 @@ class TrainConfig:
             raise UserError(f"--draft-vocab-size must be >= 2, got {self.draft_vocab_size}")
         if not self.position_decay > 0:
             raise UserError(f"--position-decay must be > 0, got {self.position_decay}")
+        if not self.round_start_weight >= 0:
+            raise UserError(f"--round-start-weight must be >= 0, got {self.round_start_weight}")
         if self.save_every_min is not None and self.save_every_min <= 0:
             raise UserError(f"--save-every-min must be > 0, got {self.save_every_min}")
         if self.epochs <= 0:

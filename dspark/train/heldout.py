@@ -118,3 +118,33 @@ def renewal_tau(trainer, teacher, seqs: list[TrainSequence]) -> dict:
             t[3] += len(acc)
     return {k: {"renewal_tau": round(t[0] / max(t[1], 1), 4), "anchor_tau": round(t[2] / max(t[3], 1), 4),
                 "tokens": int(t[0]), "rounds": int(t[1])} for k, t in by.items()}
+
+
+def round_start_weights(batch: AnchorBatch, match: torch.Tensor, strength: float) -> torch.Tensor:
+    """[N] weights of the valid drafted positions: 1 + `strength` at the anchors where
+    greedy decoding would start a round, by the drafter's own matches in this step
+    (`match` [N] over `batch.valid`). The rounds of a response are decoding's cost, and
+    only a round's start can shorten them: an anchor inside a span the drafter already
+    predicts is never drafted from. The walk covers the anchors of the visit; where the
+    next start was not sampled, it resumes at the next anchor that was."""
+    full = torch.zeros(batch.valid.shape, dtype=torch.float64, device=match.device)
+    full[batch.valid] = match.double()
+    accepted = full.cumprod(-1).sum(-1).long().cpu()
+    anchors, real = batch.anchors.cpu(), batch.anchor_mask.cpu()
+    start = torch.zeros(anchors.shape, dtype=torch.bool)
+    for row in range(anchors.shape[0]):
+        present = [(a, j) for j, (a, ok) in enumerate(zip(anchors[row].tolist(), real[row].tolist())) if ok]
+        where = {a: j for a, j in present}
+        order = sorted(where)
+        i, a = 0, order[0] if order else 0
+        while i < len(order):
+            while i < len(order) and order[i] < a:
+                i += 1
+            if i == len(order):
+                break
+            a = order[i]
+            j = where[a]
+            start[row, j] = True
+            a += int(accepted[row, j]) + 1
+    w = 1.0 + strength * start.to(torch.float32)
+    return w.to(match.device).unsqueeze(-1).expand(batch.valid.shape)[batch.valid]

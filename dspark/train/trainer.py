@@ -39,7 +39,7 @@ from dspark.runtime.target import Target
 from .checkpoints import read_checkpoint, write_checkpoint
 from .config import TrainConfig
 from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visits_per_sequence
-from .heldout import heldout_acceptance
+from .heldout import heldout_acceptance, round_start_weights
 from .init import continue_from
 from .losses import (expected_acceptance_length, greedy_match, per_position_means, position_terms, position_weights,
                      weighted_sums)
@@ -198,6 +198,9 @@ class Trainer:
         k = batch.positions()
         weights = position_weights(k, self.drafter.method, self.config.position_decay)
         drafted = self._forward(batch, hidden)
+        matched = greedy_match(drafted.logits.detach(), p_ids[:, 0])
+        if self.config.round_start_weight:
+            weights = weights * round_start_weights(batch, matched, self.config.round_start_weight)
         terms = position_terms(drafted.logits, p_ids, p_probs, labels, drafted.conf_logits)
         sums = weighted_sums(terms, weights)
         denom = self.dist.all_reduce(weights.sum().detach().double()).float()
@@ -210,7 +213,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         acc_sum, acc_n = per_position_means(terms.accept, k, self.gamma)
-        greedy_sum, _ = per_position_means(greedy_match(drafted.logits.detach(), p_ids[:, 0]).double(), k, self.gamma)
+        greedy_sum, _ = per_position_means(matched.double(), k, self.gamma)
         out = {name: v.detach().double() for name, v in sums.items()}
         out["loss"] = out["loss"].detach()
         out.update(weight=weights.sum().double(), accept_sum=acc_sum, accept_n=acc_n, greedy_sum=greedy_sum,
