@@ -6,7 +6,7 @@ cache directory of its own, under the file name the current sources would have, 
 child process that points DSPARK_CACHE_DIR there loads that revision's kernels with
 today's Python. Children alternate revision by revision, round by round (drift falls on
 all alike); each times one target forward of N tokens on a 256-token context (median of
-15 after warm-up) for N = 1, 2, 4, 8, 16. Reported: per revision the median step times
+15 after warm-up) for N = 1, 2, 4, 8, 16 (or --tokens). Reported: per revision the median step times
 over the rounds and the median of each round's ratio to the first revision.
 
     python3 scripts/bench_kernel_revisions.py --revs 9c47bbe,HEAD --rounds 6
@@ -44,7 +44,7 @@ def step(n):
     t.model(b, cache, [])
     return time.perf_counter() - t0
 out = {}
-for n in (1, 2, 4, 8, 16):
+for n in json.loads(sys.argv[3]):
     for _ in range(3):
         step(n)
     out[n] = statistics.median(step(n) for _ in range(15)) * 1e3
@@ -79,7 +79,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dtype", default="auto", help="the target's precision (default: auto)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", default="1,2,4,8,16", help="step sizes to time (must include 1 and 8)")
+    ap.add_argument("--out", help="also write the rounds' raw times here (JSON)")
     args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
     revs = args.revs.split(",")
     where = Path(tempfile.mkdtemp(prefix="dspark-kernel-revs-"))
     caches = {rev: build(rev, where) for rev in revs}
@@ -87,7 +90,7 @@ def main() -> None:
     precision = None
     for r in range(args.rounds):
         for rev in (revs if r % 2 == 0 else revs[::-1]):
-            p = subprocess.run([sys.executable, "-c", CHILD, args.dtype, str(args.threads)], cwd=ROOT,
+            p = subprocess.run([sys.executable, "-c", CHILD, args.dtype, str(args.threads), json.dumps(tokens)], cwd=ROOT,
                                capture_output=True, text=True, env={**os.environ, "DSPARK_CACHE_DIR": str(caches[rev])})
             line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
@@ -105,6 +108,8 @@ def main() -> None:
         cells = "  ".join(f"T({n}) {med[n]:.2f} ms ({statistics.median(ratios[n]):.2f}x, "
                           f"{min(ratios[n]):.2f}-{max(ratios[n]):.2f})" for n in med)
         print(f"{rev:10s} {cells}  T(8)/T(1) {med[8] / med[1]:.2f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"revs": revs, "precision": precision, "rounds": runs}, indent=1))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def test_gemm_matches_fp64_reference(k, n, bias):
     g = torch.Generator().manual_seed(k * 31 + n)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)
     b = torch.randn(n, generator=g) if bias else None
-    for m in (1, 2, 3, 4, 5, 9, 33):
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 33):
         x = torch.randn(m, k, generator=g)
         got = cpu_kernels.gemm_bf16w(x, w, b)
         ref = x.double() @ w.double().T + (0 if b is None else b.double())
@@ -40,6 +40,8 @@ def test_gemm_rows_do_not_depend_on_the_batch_or_threads():
     for i in range(17):
         assert torch.equal(cpu_kernels.gemm_bf16w(x[i : i + 1], w), full[i : i + 1])
     assert torch.equal(cpu_kernels.gemm_bf16w(x[3:11], w), full[3:11])
+    for m in range(1, 17):  # every tiling: 1-3 rows, 4-6, the turn-taking tiles of 7-15, prefill-sized
+        assert torch.equal(cpu_kernels.gemm_bf16w(x[:m], w), full[:m]), m
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -209,7 +211,7 @@ def test_attention_kernel_each_isa_matches_fp64_and_is_batch_invariant(isa):
     """The AVX2 attention and, on a CPU with AVX-512, the 16-lane one that reads each key
     once per group of heads (the ISA of the process's matmuls decides): every
     head-group size (1, 2, 3 heads per group and more than 3), context lengths on and
-    off the blocks of 8 keys, fp64 SDPA to 2e-6, and each token alone equal to it in a
+    off the blocks of keys scored together (4 on AVX2, 8 on AVX-512), fp64 SDPA to 2e-6, and each token alone equal to it in a
     batch."""
     if isa == "avx512" and not {"avx512f", "avx512bw"} <= cpu_kernels.cpu_flags():
         pytest.skip("no AVX-512 here: the AVX2 case covers this CPU")
