@@ -89,11 +89,39 @@ def test_from_n_requests_only_the_top_levels_are_governed_and_they_start_plain()
         SpecGovernor(from_requests=0)
 
 
+def test_levels_from_trials_from_are_governed_starting_with_speculation():
+    """Between `trials_from` and `from_requests` a level starts speculating and turns to
+    plain decoding only once a plain trial measures faster; one that speculation wins
+    keeps it; below `trials_from` nothing is governed."""
+    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2)
+    assert gov.speculating(1) and gov.speculating(2) and gov.speculating(4) and not gov.speculating(8)
+    gov.record(1, 1, 1.0, 0.05)
+    assert "1-1" not in gov.summary()  # one request: never governed
+    modes = {2: [], 4: []}
+    for _ in range(600):  # at 2-3 requests speculation pays (1.2x), at 4-7 it loses (0.85x)
+        for r, eff in ((2, 1.2), (4, 0.85)):
+            modes[r].append(gov.level(r).mode)
+            gov.record(r, r, 0.05 / (eff if gov.speculating(r) else 1.0), 0.05)
+    assert modes[2][:9] == [SPEC] * 9 and modes[4][:9] == [SPEC] * 9  # both start speculating
+    assert modes[2][300:].count(SPEC) / 300 > 0.8  # where it pays, it stays
+    assert modes[4][300:].count(PLAIN) / 300 > 0.8  # where it loses, plain decoding takes over
+    assert gov.level(2).steps[PLAIN] > 0  # the plain trials that decided it
+    with pytest.raises(ValueError):
+        SpecGovernor(trials_from=2)  # trials_from needs from_requests
+
+
 def test_the_default_configuration_governs_8_requests_and_more():
     from dspark.engine.config import DEFAULT_SPECULATIVE, SpeculativeConfig
     from dspark.errors import UserError
 
-    assert SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE).plain_fallback == 8
+    cfg = SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE)
+    assert cfg.plain_fallback == 8 and cfg.plain_trials_from == 2
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(UserError, match="plain_trials_from"):
+            SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=bad)
+    for pf in (False, True, 2):  # needs a larger plain_fallback
+        with pytest.raises(UserError, match="plain_trials_from"):
+            SpeculativeConfig(method="dspark", plain_fallback=pf, plain_trials_from=2)
     for bad in (0, -4, "yes", 2.5):
         with pytest.raises(UserError, match="plain_fallback"):
             SpeculativeConfig(method="dspark", plain_fallback=bad)

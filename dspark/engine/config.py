@@ -59,7 +59,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: 0.90-0.93x in the same rounds (docs/benchmarks/fallback.md, "Plain-mode steps that
 #: tap nothing, and the fallback from 8 requests")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
-                       "plain_fallback": 8}
+                       "plain_fallback": 8, "plain_trials_from": 2}
 
 
 @dataclass
@@ -84,8 +84,11 @@ class SpeculativeConfig:
     #: (dspark.engine.governor); adaptive verification on a CPU only. false: never;
     #: true: at every load, starting with speculation; an integer N: for steps of N or
     #: more decoding requests (their power-of-two level and above), starting with plain
-    #: decoding (the default configuration uses 16)
+    #: decoding (the default configuration uses 8)
     plain_fallback: bool | int = False
+    #: with plain_fallback N: the load levels from this many decoding requests up to
+    #: N's are governed too, each starting with speculation (None: not governed)
+    plain_trials_from: int | None = None
 
     def __post_init__(self) -> None:
         # the names are drafters' and schedule's (imported here: this module stays
@@ -112,6 +115,12 @@ class SpeculativeConfig:
         pf = self.plain_fallback
         if not isinstance(pf, (bool, int)) or (not isinstance(pf, bool) and pf < 1):
             raise UserError(f"plain_fallback must be true, false or a number of requests >= 1, got {pf!r}")
+        pt = self.plain_trials_from
+        if pt is not None and (isinstance(pt, bool) or not isinstance(pt, int) or pt < 1):
+            raise UserError(f"plain_trials_from must be a number of requests >= 1, got {pt!r}")
+        if pt is not None and (isinstance(pf, bool) or pt >= pf):
+            raise UserError(f"plain_trials_from ({pt}) needs plain_fallback set to a larger number of requests "
+                            f"(got {pf!r}): it governs the levels below plain_fallback's")
         if (self.lookup or self.lookup_calibration) and self.method != "dspark":
             raise UserError(f"lookup (hybrid drafting) combines prompt lookup with the dspark method's confidences, "
                             f"not with {self.method!r}")

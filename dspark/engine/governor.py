@@ -34,6 +34,14 @@ requests, governing from 16 left 0.91-0.94x plain and from 8 0.95-1.00x. A
 speculation trial still runs after every gap, so a workload where it wins there
 (long copies from the prompt) gets it back.
 
+Below that, `"plain_trials_from": 2` (the default configuration's) governs the levels
+of 2-7 requests too, but starting with speculation: there it pays on CPUs whose
+verification is cheap (1.07-1.13x plain decoding at 4 requests on an AMX Xeon) and
+loses on those where it is not (0.83x engine alone at 4 requests on an AVX2-only
+EPYC, whose 16-token step costs 1.6 times a 4-token one), and a plain trial after the
+first gap tells which. One request stays ungoverned: there speculation pays on every
+CPU measured, and a plain trial costs a few percent.
+
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the
 drafter go and keep prompt lookup for any later speculation (`ContextFeed.let_go`).
@@ -54,17 +62,23 @@ class SpecGovernor:
     (1, 2-3, 4-7, 8-15, ...) keeps its own modes, scores and gaps."""
 
     def __init__(self, trial: int = 32, min_gap: int = 128, max_gap: int = 4096, warmup: int = 4,
-                 from_requests: int | None = None) -> None:
+                 from_requests: int | None = None, trials_from: int | None = None) -> None:
         """`from_requests` None: every load level governed, each starting with
-        speculation; N: only the levels of N decoding requests and above, each starting
-        with plain decoding (below them, speculation is never switched off)."""
-        if trial < 1 or not 1 <= min_gap <= max_gap or warmup < 0 or (from_requests is not None and from_requests < 1):
-            raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap, warmup >= 0 and "
-                             "from_requests None or >= 1")
+        speculation; N: the levels of N decoding requests and above, each starting with
+        plain decoding. `trials_from` M (< N): the levels from M requests up to N's are
+        governed too, starting with speculation (a plain trial after the first gap
+        decides). Below the governed levels speculation is never switched off."""
+        if (trial < 1 or not 1 <= min_gap <= max_gap or warmup < 0 or (from_requests is not None and from_requests < 1)
+                or (trials_from is not None and (from_requests is None or trials_from < 1))):
+            raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap, warmup >= 0, "
+                             "from_requests None or >= 1, and trials_from None or >= 1 with from_requests")
         self._settings = (trial, min_gap, max_gap, warmup)
         self.from_requests = from_requests
         self.from_bucket = 0 if from_requests is None else self.bucket(from_requests)
         self.start = SPEC if from_requests is None else PLAIN
+        #: the first governed level (those below from_bucket start speculating)
+        self.trials_bucket = self.from_bucket if trials_from is None else min(self.bucket(trials_from),
+                                                                              self.from_bucket)
         self.levels: dict[int, LoadLevel] = {}
 
     @staticmethod
@@ -74,11 +88,11 @@ class SpecGovernor:
     def level(self, num_requests: int) -> "LoadLevel":
         b = self.bucket(num_requests)
         if b not in self.levels:
-            self.levels[b] = LoadLevel(*self._settings, start=self.start)
+            self.levels[b] = LoadLevel(*self._settings, start=self.start if b >= self.from_bucket else SPEC)
         return self.levels[b]
 
     def governs(self, num_requests: int) -> bool:
-        return self.bucket(num_requests) >= self.from_bucket
+        return self.bucket(num_requests) >= self.trials_bucket
 
     def speculating(self, num_requests: int) -> bool:
         """Whether a step of `num_requests` decodes should speculate."""
