@@ -48,6 +48,9 @@ CONFIGS = {
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
     # the default: hybrid with its plain-decoding fallback at high load
     "default": DEFAULT_SPECULATIVE,
+    # the default with the drafter's confidences as the confidence head gives them (no
+    # per-request trust, as before it existed)
+    "default-raw-conf": {**DEFAULT_SPECULATIVE, "drafter_trust": False},
     # the default with the scheduler's table as profiled at start-up (not corrected by measured steps)
     "hybrid-profiled": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                         "live_step_time": False},

@@ -225,6 +225,7 @@ def test_hybrid_sampling_distribution_matches_target(tiny_target, tmp_path):  # 
     # the table's confidences as they are, so that both sources keep drafting (trust would
     # rightly drop lookup here: a random target rejects its tokens)
     engine.runner.drafter.trust.enabled = False
+    engine.runner.drafter.drafter_trust.enabled = False
     seqs = engine.generate([prompt] * n, [SamplingParams(temperature=temperature, max_tokens=4, seed=i,
                                                          ignore_eos=True) for i in range(n)])
     hybrid = engine.runner.drafter
@@ -268,6 +269,8 @@ def test_hybrid_config_errors():
 
     with pytest.raises(UserError, match="not with 'eagle3'"):
         SpeculativeConfig(method="eagle3", lookup=True)
+    with pytest.raises(UserError, match="drafter_trust must be true or false"):
+        SpeculativeConfig(lookup=True, drafter_trust="no")
     with pytest.raises(UserError, match="lookup must be true or false"):
         SpeculativeConfig(lookup="yes")
     with pytest.raises(UserError, match="lookup is not enabled"):
@@ -308,7 +311,41 @@ def test_a_rejected_lookup_lowers_that_requests_next_confidences(greedy_case):  
     hybrid = engine.runner.drafter
     match = LookupMatch([5, 6, 7, 8], 3, True)
     table = hybrid.calibration.confidence(match)
-    hybrid._last["r"] = (match, 4, table, table)
+    hybrid._last["r"] = (match, 4, table, table, [])
     hybrid.record_verification(["r"], [4], [0])  # the first lookup token rejected
     assert hybrid.trust.factor("r") < 1.0
     assert hybrid.trust.adjust("r", table)[0] < table[0]
+
+
+def test_a_request_whose_drafted_tokens_fail_shows_lower_survivals_and_the_same_tokens(greedy_case):  # noqa: F811
+    """The drafter's own confidences are scaled by what the request earned: after its
+    drafted positions are rejected round after round, the same draft carries lower
+    confidences (the scheduler's survivals), while another request keeps the drafter's
+    word and the drafted tokens do not change."""
+    target, prompts, _ = greedy_case
+    spec = SpeculativeConfig(method="dspark", model="random", num_speculative_tokens=4, lookup=True)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=2, max_model_len=512))
+    hybrid = engine.runner.drafter
+    trust = hybrid.drafter_trust
+    for _ in range(20):  # "bad": its first drafted token rejected each time; "good": all four accepted
+        hybrid._last["bad"] = (LookupMatch([], 0, False), 0, [], [], [0.6, 0.6, 0.6, 0.6])
+        hybrid._last["good"] = (LookupMatch([], 0, False), 0, [], [], [0.6, 0.6, 0.6, 0.6])
+        hybrid.record_verification(["bad", "good"], [4, 4], [0, 4])
+    assert trust.factor("bad") < 0.5 * trust.factor("good")
+    # lookup tokens before the drafter's, and rounds that never reached the drafter's
+    # positions, do not count for it
+    before = trust.factor("bad")
+    hybrid._last["bad"] = (LookupMatch([5, 6], 3, True), 2, [0.9, 0.9], [0.9, 0.9], [0.6, 0.6])
+    hybrid.record_verification(["bad"], [4], [1])
+    assert trust.factor("bad") == pytest.approx(before)
+
+    class Fixed:  # a drafter output the trust rescales
+        confidence = torch.tensor([[0.9, 0.6, 0.6, 0.6], [0.6, 0.6, 0.6, 0.6]])
+        tokens = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+
+    own = [[], []]
+    out = hybrid._earned(Fixed(), ["bad", "good"], [1, 0], own)
+    assert own == [[pytest.approx(0.6)] * 3, [pytest.approx(0.6)] * 4]  # the raw values, for the next record
+    assert out.confidence[0, 0] == pytest.approx(0.9)  # a lookup position: the lookup trust's business
+    assert (out.confidence[0, 1:] < 0.4).all() and (out.confidence[1] > 0.5).all()
+    assert torch.equal(out.tokens, torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]]))

@@ -18,6 +18,13 @@ requests, about the last 200 tokens), once per request against the workload-scal
 prediction (about its last 10 tokens; drifting back to 1 over steps without any).
 Both factors depend on past verifications only, so the scheduler's choices stay
 lossless.
+
+The drafter's own confidences (the positions it drafts itself) are scaled the same
+way by a second trust, fed by the verification of those positions: its confidence
+head is calibrated on average over many replies, and a reply it cannot predict (its
+drafted tokens rejected round after round) then shows the scheduler lower survivals,
+so that it verifies less and, verifying nothing for a few steps, stops running the
+drafter for that request (the engine's draft gate). The tokens drafted do not change.
 """
 
 from __future__ import annotations
@@ -109,11 +116,14 @@ class HybridDrafter(Drafter):
         self.history = NgramDrafter(max_ngram, min_ngram, inner.max_draft_tokens)
         self.calibration = calibration if calibration is not None else LookupCalibration.load()
         self.trust = RequestTrust()
+        #: the same for the drafter's own confidences (see the module docstring)
+        self.drafter_trust = RequestTrust()
         #: recent mean drafter confidence per position (None until the drafter ran)
         self.drafter_mean: list[float] | None = None
         #: per request, its last lookup proposal: (match, tokens taken from it, the
-        #: confidences used, the table's confidences)
-        self._last: dict[object, tuple[LookupMatch, int, list[float], list[float]]] = {}
+        #: confidences used, the table's confidences, the drafter's own confidences
+        #: for the positions after the lookup tokens)
+        self._last: dict[object, tuple[LookupMatch, int, list[float], list[float], list[float]]] = {}
         self.counts = {"lookup_tokens": 0, "drafter_tokens": 0, "drafter_skipped": 0, "requests": 0,
                        "lookup_only": 0}
         #: rows drafted by how many leading tokens came from lookup (0 = drafter only)
@@ -140,6 +150,7 @@ class HybridDrafter(Drafter):
         self.history.release(request_id)
         self._last.pop(request_id, None)
         self.trust.release(request_id)
+        self.drafter_trust.release(request_id)
 
     def num_requests(self) -> int:
         # the largest of the parts' counts, so that a leak in any of them shows
@@ -185,6 +196,7 @@ class HybridDrafter(Drafter):
         need = [i for i, c in enumerate(confs) if not self._skip_drafter(c, num_tokens)]
         r = len(requests)
         from_lookup = [num_tokens] * r  # rows that skip the drafter are all lookup
+        own: list[list[float]] = [[] for _ in range(r)]  # the drafter's raw c_k after the lookup tokens
         out = None
         if need:
             out = self.inner.draft([requests[i] for i in need], num_tokens,
@@ -192,9 +204,11 @@ class HybridDrafter(Drafter):
             for j, i in enumerate(need):
                 from_lookup[i] = int(out.num_lookup[j])
             self._update_drafter_mean(out, num_tokens)
+            out = self._earned(out, [requests[i].request_id for i in need], [from_lookup[i] for i in need],
+                               [own[i] for i in need])
         self.counts["drafter_skipped"] += r - len(need)
         for i, req in enumerate(requests):
-            self._last[req.request_id] = (matches[i], from_lookup[i], confs[i], table_confs[i])
+            self._last[req.request_id] = (matches[i], from_lookup[i], confs[i], table_confs[i], own[i])
             self.mix[from_lookup[i]] += 1
             self.counts["lookup_tokens"] += from_lookup[i]
             self.counts["drafter_tokens"] += num_tokens - from_lookup[i]
@@ -220,7 +234,7 @@ class HybridDrafter(Drafter):
             tokens[i][:n] = m.tokens
             conf[i][:n] = c[:n]
             valid[i] = n
-            self._last[rid] = (m, n, c, table_c)
+            self._last[rid] = (m, n, c, table_c, [])
             self.mix[n] += 1
             self.counts["lookup_tokens"] += n
         self.counts["requests"] += r
@@ -242,6 +256,21 @@ class HybridDrafter(Drafter):
             num_lookup=torch.full((len(rest),), num_tokens, dtype=torch.long, device=dev))
         return stack_drafts(len(matches), [(need, out), (rest, alone)])
 
+    def _earned(self, out: DraftOutput, request_ids: list, num_lookup: list[int],
+                own: list[list[float]]) -> DraftOutput:
+        """The drafter's confidences at its own positions as each request earns them
+        (`drafter_trust`); their raw values go into `own` (one list per row)."""
+        if out.confidence is None:
+            return out
+        conf = out.confidence.float().cpu().clone()  # a copy (the output may be an inference tensor)
+        rows = conf.tolist()
+        for j, (rid, n) in enumerate(zip(request_ids, num_lookup)):
+            own[j].extend(rows[j][n:])
+            if own[j]:
+                conf[j, n:] = torch.tensor(self.drafter_trust.adjust(rid, own[j]))
+        out.confidence = conf.to(out.confidence.device, out.confidence.dtype)
+        return out
+
     def _update_drafter_mean(self, out, num_tokens: int, rate: float = 0.05) -> None:
         """EMA of the drafter's own confidences (rows and positions it drafted itself)."""
         c = out.confidence.float()
@@ -257,13 +286,16 @@ class HybridDrafter(Drafter):
 
     def record_verification(self, request_ids: list[object], lengths: list[int], accepted: list[int]) -> None:
         """Feed the outcome of the last verification back into the lookup calibration
-        (the confidences used, for its ECE) and the request's trust (the table's)."""
+        (the confidences used, for its ECE), the request's trust (the table's) and its
+        trust in the drafter (the drafter's own confidences)."""
         for rid, length, acc in zip(request_ids, lengths, accepted):
             last = self._last.pop(rid, None)
             if last is None:
                 continue
-            match, num_lookup, conf, table_conf = last
+            match, num_lookup, conf, table_conf, own = last
             verified = min(length, num_lookup)
             self.calibration.observe(match, verified, min(acc, verified), conf)
             if verified > 0:
                 self.trust.observe(rid, table_conf, verified, min(acc, verified))
+            if own and length > num_lookup and acc >= num_lookup:  # the drafter's positions were reached
+                self.drafter_trust.observe(rid, own, length - num_lookup, acc - num_lookup)

@@ -20,7 +20,9 @@ head biases the backbone's top-N tokens per position; 0 = the full vocabulary),
 `prompt_lookup_max`, `prompt_lookup_min` (ngram, and hybrid lookup), and `lookup`
 (dspark: hybrid drafting, prompt lookup and the DSpark block in one block, per
 position the proposal with the higher calibrated confidence; `lookup_calibration`
-names a table fitted by `dspark calibrate-lookup`, default the shipped one).
+names a table fitted by `dspark calibrate-lookup`, default the shipped one;
+`drafter_trust` (hybrid, default true): the drafter's confidences scaled per request
+by how its drafted tokens fared, see dspark/drafters/hybrid.py).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     lookup: bool = False
     lookup_calibration: str | None = None
+    #: hybrid: the drafter's confidences as each request earns them (false: as the
+    #: confidence head gives them)
+    drafter_trust: bool = True
     #: the scheduler's step-time table corrected by the engine's own measured steps
     #: (dspark.schedule.live); false keeps the profile as measured at start-up
     live_step_time: bool = True
@@ -124,6 +129,8 @@ class SpeculativeConfig:
         if (self.lookup or self.lookup_calibration) and self.method != "dspark":
             raise UserError(f"lookup (hybrid drafting) combines prompt lookup with the dspark method's confidences, "
                             f"not with {self.method!r}")
+        if not isinstance(self.drafter_trust, bool):
+            raise UserError(f"drafter_trust must be true or false, got {self.drafter_trust!r}")
         if self.lookup_calibration is not None and not self.lookup:
             raise UserError("lookup_calibration is given but lookup is not enabled (\"lookup\": true)")
         if not 0 < self.confidence_threshold < 1:
@@ -203,6 +210,7 @@ def build_drafter(spec: SpeculativeConfig, target):
 
         calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
         drafter = HybridDrafter(drafter, calibration, spec.prompt_lookup_max, spec.prompt_lookup_min)
+        drafter.drafter_trust.enabled = spec.drafter_trust
     return drafter
 
 
