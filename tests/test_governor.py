@@ -115,7 +115,8 @@ def test_the_default_configuration_governs_8_requests_and_more():
     from dspark.errors import UserError
 
     cfg = SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE)
-    assert cfg.plain_fallback == 8 and cfg.plain_trials_from == 2
+    assert cfg.plain_fallback == 8 and cfg.plain_trials_from is None
+    assert SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=2).plain_trials_from == 2
     for bad in (0, -1, True, 2.0):
         with pytest.raises(UserError, match="plain_trials_from"):
             SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=bad)

@@ -34,13 +34,12 @@ requests, governing from 16 left 0.91-0.94x plain and from 8 0.95-1.00x. A
 speculation trial still runs after every gap, so a workload where it wins there
 (long copies from the prompt) gets it back.
 
-Below that, `"plain_trials_from": 2` (the default configuration's) governs the levels
-of 2-7 requests too, but starting with speculation: there it pays on CPUs whose
-verification is cheap (1.07-1.13x plain decoding at 4 requests on an AMX Xeon) and
-loses on those where it is not (0.83x engine alone at 4 requests on an AVX2-only
-EPYC, whose 16-token step costs 1.6 times a 4-token one), and a plain trial after the
-first gap tells which. One request stays ungoverned: there speculation pays on every
-CPU measured, and a plain trial costs a few percent.
+Below that, `"plain_trials_from": M` governs the levels from M requests up too, but
+starting with speculation: at 4 requests speculation paid on an AMX Xeon (1.07-1.13x
+plain decoding) and lost engine alone on an AVX2-only EPYC (0.83x; a 16-token step
+costs 1.6 times a 4-token one there), and a plain trial after the first gap tells
+which. Served on that EPYC, governing from 2 changed nothing measurable (0.98x plain at
+4 requests with and without), so the default leaves it off.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the
