@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--out", help="also write the rounds' raw times here (JSON)")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
+    if 1 not in tokens or 8 not in tokens:
+        sys.exit("error: --tokens must include 1 and 8 (the report's T(8)/T(1))")
     revs = args.revs.split(",")
     where = Path(tempfile.mkdtemp(prefix="dspark-kernel-revs-"))
     caches = {rev: build(rev, where) for rev in revs}

@@ -260,8 +260,8 @@ class HybridDrafter(Drafter):
                 own: list[list[float]]) -> DraftOutput:
         """The drafter's confidences at its own positions as each request earns them
         (`drafter_trust`); their raw values go into `own` (one list per row)."""
-        if out.confidence is None:
-            return out
+        if out.confidence is None or not self.drafter_trust.enabled:
+            return out  # nothing to scale, nothing to record
         conf = out.confidence.float().cpu().clone()  # a copy (the output may be an inference tensor)
         rows = conf.tolist()
         for j, (rid, n) in enumerate(zip(request_ids, num_lookup)):

@@ -38,11 +38,16 @@ def anchor_matches(trainer, teacher, seqs: list[TrainSequence]):
             hidden, targets = teacher.teach(idx, batch.target_rows())
             drafted = trainer._forward(batch, hidden)
             match = greedy_match(drafted.logits, drafter.to_draft_ids(targets.ids[:, 0]))
-            full = torch.zeros(batch.valid.shape, dtype=torch.float64, device=match.device)
-            full[batch.valid] = match.double()
-            yield idx, batch, full
+            yield idx, batch, _full(batch, match)
     finally:
         drafter.train(was_training)
+
+
+def _full(batch: AnchorBatch, match: torch.Tensor) -> torch.Tensor:
+    """Matches [N] over `batch.valid` as [B, A, γ] float64, 0 where no position is."""
+    full = torch.zeros(batch.valid.shape, dtype=torch.float64, device=match.device)
+    full[batch.valid] = match.double()
+    return full
 
 
 def heldout_acceptance(trainer, teacher, seqs: list[TrainSequence]) -> dict:
@@ -127,24 +132,15 @@ def round_start_weights(batch: AnchorBatch, match: torch.Tensor, strength: float
     only a round's start can shorten them: an anchor inside a span the drafter already
     predicts is never drafted from. The walk covers the anchors of the visit; where the
     next start was not sampled, it resumes at the next anchor that was."""
-    full = torch.zeros(batch.valid.shape, dtype=torch.float64, device=match.device)
-    full[batch.valid] = match.double()
-    accepted = full.cumprod(-1).sum(-1).long().cpu()
+    accepted = _full(batch, match).cumprod(-1).sum(-1).long().cpu()
     anchors, real = batch.anchors.cpu(), batch.anchor_mask.cpu()
     start = torch.zeros(anchors.shape, dtype=torch.bool)
     for row in range(anchors.shape[0]):
-        present = [(a, j) for j, (a, ok) in enumerate(zip(anchors[row].tolist(), real[row].tolist())) if ok]
-        where = {a: j for a, j in present}
-        order = sorted(where)
-        i, a = 0, order[0] if order else 0
-        while i < len(order):
-            while i < len(order) and order[i] < a:
-                i += 1
-            if i == len(order):
-                break
-            a = order[i]
-            j = where[a]
-            start[row, j] = True
-            a += int(accepted[row, j]) + 1
+        present = sorted((a, j) for j, (a, ok) in enumerate(zip(anchors[row].tolist(), real[row].tolist())) if ok)
+        next_start = None
+        for a, j in present:
+            if next_start is None or a >= next_start:
+                start[row, j] = True
+                next_start = a + int(accepted[row, j]) + 1
     w = 1.0 + strength * start.to(torch.float32)
     return w.to(match.device).unsqueeze(-1).expand(batch.valid.shape)[batch.valid]

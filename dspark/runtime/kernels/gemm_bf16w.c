@@ -169,7 +169,7 @@ static void block(const float *x, const uint16_t *wp, const float *bias, float *
          * is left with 1 or 2 rows (two or four FMA chains, bound by their latency).
          * The tiles take turns every K_STEPS steps of k, each turn on the same 2 KiB of
          * the panel (in L1), so the panel streams from memory at one steady pace while
-         * all of them compute (0.93-0.95x the time of the prefill path for 7-12 rows). */
+         * all of them compute (0.88-0.96x the time of the prefill path for 7-15 rows). */
         const int64_t tiles = (M + 5) / 6, base = M / tiles, extra = M % tiles;
         float part[M * PANEL];
         for (int64_t q = p0; q < p1; q++) {
