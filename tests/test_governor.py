@@ -110,12 +110,46 @@ def test_levels_from_trials_from_are_governed_starting_with_speculation():
         SpecGovernor(trials_from=2)  # trials_from needs from_requests
 
 
-def test_the_default_configuration_governs_8_requests_and_more():
+def test_where_the_step_time_curve_says_verification_is_dear_a_level_starts_plain():
+    """Below `from_requests`, a governed level starts with plain decoding when a step of
+    two tokens per request costs DEAR_VERIFICATION times a plain step or more, and with
+    speculation where verification is nearly free."""
+    dear = {1: 10.0, 2: 10.5, 4: 11.0, 8: 16.0, 16: 24.0}  # flat to 4 tokens, then steep
+    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2,
+                       step_cost=lambda n: dear[n])
+    assert gov.speculating(2) and gov.speculating(3)  # T(4) / T(2) = 1.05: speculation first
+    assert not gov.speculating(4) and not gov.speculating(7)  # T(8) / T(4) = 1.45: plain first
+    assert not gov.speculating(8)  # from_requests: plain first, whatever the curve
+    cheap = SpecGovernor(from_requests=8, trials_from=2, step_cost=lambda n: 10.0 + 0.1 * n)
+    assert cheap.speculating(4)
+    # where speculation pays after all, the trials hand it back
+    modes = []
+    for _ in range(400):
+        modes.append(gov.level(4).mode)
+        gov.record(4, 4, 0.05 / (1.3 if gov.speculating(4) else 1.0), 0.05)
+    assert modes[:9] == [PLAIN] * 9 and modes[200:].count(SPEC) / 200 > 0.8
+
+
+def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
+    """A speculation trial is three times as long as a plain one (speculation's output
+    comes in bursts), but one that after `trial` scored steps runs below EARLY_EXIT of
+    plain decoding's score ends there; one merely a little behind runs its length."""
+    for eff, length in ((0.6, 8), (0.95, 24)):
+        gov = LoadLevel(8, 16, 256, 2, start=PLAIN)
+        modes = _run(gov, 16 + 2, spec_eff=eff)  # the first plain gap
+        assert set(modes) == {PLAIN}
+        modes = _run(gov, 200, spec_eff=eff)
+        trial = modes[: modes.index(PLAIN)]
+        assert len(trial) == 2 + length, eff  # warm-up, then the scored steps
+        assert gov.score[SPEC] == pytest.approx(eff)
+
+
+def test_the_default_configuration_governs_from_2_requests():
     from dspark.engine.config import DEFAULT_SPECULATIVE, SpeculativeConfig
     from dspark.errors import UserError
 
     cfg = SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE)
-    assert cfg.plain_fallback == 8 and cfg.plain_trials_from is None
+    assert cfg.plain_fallback == 8 and cfg.plain_trials_from == 2
     assert SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=2).plain_trials_from == 2
     for bad in (0, -1, True, 2.0):
         with pytest.raises(UserError, match="plain_trials_from"):

@@ -169,6 +169,29 @@ def test_drafting_time_is_learned_per_request_count_and_decides_skipping():
     assert summary["observed"][table.token_counts.index(8)]
 
 
+def test_the_table_is_republished_every_few_steps_and_reads_what_was_published():
+    """After its first `window` steps the live table hands its estimates to the
+    scheduler's table every `publish_every` steps (each publication makes the scheduler
+    recompute its rates); the table's times always follow what was published last."""
+    table = _flat_table()
+    live = LiveStepTime(table, window=16, publish_every=8)
+    before = table.target_time(32)
+    for _ in range(16):
+        live.record(32, _real_ms(32) / 1000.0)
+    assert table.version == 16  # the first window: every step
+    assert table.target_time(32) != before and table.target_time(32) * 1000 == pytest.approx(
+        float(np.interp(32, table.token_counts, live.target.ms())))
+    for _ in range(64):
+        live.record(32, _real_ms(32) / 1000.0)
+        live.record_outside(4, True, 0.003)
+        live.record_outside(4, False, 0.001)
+    assert table.version <= 16 + 64 // 8 + 16 + 2 * 64 // 8 + 1  # curves and overheads, every 8th record
+    assert table.target_time(32) * 1000 == pytest.approx(_real_ms(32), rel=0.02)
+    assert table.spec_overhead(4) == pytest.approx(0.002, rel=0.1)
+    table.scale(2.0)  # every change of the times is read at once
+    assert table.target_time(32) * 1000 == pytest.approx(2 * _real_ms(32), rel=0.02)
+
+
 def adaptive_hybrid_engine(target, **spec):
     """The default configuration (hybrid drafting, dspark-async) on a test target, with
     a synthetic step-time table, 8 requests at a time."""

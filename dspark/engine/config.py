@@ -61,7 +61,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: 0.90-0.93x in the same rounds (docs/benchmarks/fallback.md, "Plain-mode steps that
 #: tap nothing, and the fallback from 8 requests")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
-                       "plain_fallback": 8}
+                       "plain_fallback": 8, "plain_trials_from": 2}
 
 
 @dataclass

@@ -59,8 +59,8 @@ class ContextFeed:
     def stash(self, ids: list, tokens: list[list[int]], starts: list[int], rows: list[int],
                hidden: torch.Tensor | None) -> None:
         """Keep the accepted tokens and their tapped hidden states for the drafter's next
-        draft (one gather for the whole step; each request keeps a slice of it); a
-        request whose backlog reaches PENDING_FLUSH tokens is fed at once."""
+        draft (each request keeps a view of the step's taps: its rows are consecutive);
+        a request whose backlog reaches PENDING_FLUSH tokens is fed at once."""
         keep = [j for j, rid in enumerate(ids) if rid not in self.undrafted and rid not in self.contextless]
         if not keep:
             return
@@ -68,16 +68,17 @@ class ContextFeed:
         for t in tokens:
             offsets.append(at)
             at += len(t)
-        picked = None
-        if hidden is not None:
-            take = [r for j in keep for r in rows[offsets[j]: offsets[j] + len(tokens[j])]]
-            picked = hidden.index_select(0, torch.tensor(take, device=self.device))
-        full, at = [], 0
+        full = []
         for j in keep:
             rid, toks = ids[j], tokens[j]
             n = len(toks)
-            h = None if picked is None else picked[at: at + n]
-            at += n
+            h = None
+            if hidden is not None:
+                mine = rows[offsets[j]: offsets[j] + n]
+                if n and mine[-1] - mine[0] == n - 1:  # a request's rows are consecutive: a view
+                    h = hidden[mine[0]: mine[0] + n]
+                else:
+                    h = hidden.index_select(0, torch.tensor(mine, dtype=torch.long, device=self.device))
             backlog = self.pending.setdefault(rid, [])
             backlog.append((starts[j], toks, h))
             size = self.pending_tokens.get(rid, 0) + n

@@ -100,7 +100,7 @@ class LLMEngine:
 
                 pf = spec.plain_fallback
                 self.governor = SpecGovernor(from_requests=None if pf is True else int(pf),
-                                             trials_from=spec.plain_trials_from)
+                                             trials_from=spec.plain_trials_from, step_cost=step_table.target_time)
             # with a table: against the profile (and it keeps the table true, unless the
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against

@@ -49,6 +49,8 @@ Decisions use past steps only, so they are lossless like the scheduler's own.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from dspark.schedule.step_time import load_level
 
 SPEC, PLAIN = "speculative", "plain"
@@ -60,13 +62,23 @@ class SpecGovernor:
     step is compute-bound), so each power-of-two bucket of the running request count
     (1, 2-3, 4-7, 8-15, ...) keeps its own modes, scores and gaps."""
 
+    #: a governed level below `from_requests` starts with plain decoding when the
+    #: step-time table says that verifying a second token per request costs at least this
+    #: many times a plain step (verification is dear there: speculation needs most of its
+    #: tokens accepted to pay)
+    DEAR_VERIFICATION = 1.2
+
     def __init__(self, trial: int = 32, min_gap: int = 128, max_gap: int = 4096, warmup: int = 4,
-                 from_requests: int | None = None, trials_from: int | None = None) -> None:
+                 from_requests: int | None = None, trials_from: int | None = None,
+                 step_cost: Callable[[int], float] | None = None) -> None:
         """`from_requests` None: every load level governed, each starting with
         speculation; N: the levels of N decoding requests and above, each starting with
         plain decoding. `trials_from` M (< N): the levels from M requests up to N's are
         governed too, starting with speculation (a plain trial after the first gap
-        decides). Below the governed levels speculation is never switched off."""
+        decides), or with plain decoding where `step_cost` (seconds of a target step
+        over that many tokens) says verification is dear at the level's request count
+        (`DEAR_VERIFICATION`). Below the governed levels speculation is never switched
+        off."""
         if (trial < 1 or not 1 <= min_gap <= max_gap or warmup < 0 or (from_requests is not None and from_requests < 1)
                 or (trials_from is not None and (from_requests is None or trials_from < 1))):
             raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap, warmup >= 0, "
@@ -78,6 +90,7 @@ class SpecGovernor:
         #: the first governed level (those below from_bucket start speculating)
         self.trials_bucket = self.from_bucket if trials_from is None else min(self.bucket(trials_from),
                                                                               self.from_bucket)
+        self.step_cost = step_cost
         self.levels: dict[int, LoadLevel] = {}
 
     @staticmethod
@@ -87,8 +100,16 @@ class SpecGovernor:
     def level(self, num_requests: int) -> "LoadLevel":
         b = self.bucket(num_requests)
         if b not in self.levels:
-            self.levels[b] = LoadLevel(*self._settings, start=self.start if b >= self.from_bucket else SPEC)
+            self.levels[b] = LoadLevel(*self._settings, start=self._start(b))
         return self.levels[b]
+
+    def _start(self, b: int) -> str:
+        if b >= self.from_bucket:
+            return self.start
+        r = 2 ** b  # the level's fewest requests
+        if self.step_cost is not None and self.step_cost(2 * r) >= self.DEAR_VERIFICATION * self.step_cost(r):
+            return PLAIN
+        return SPEC
 
     def governs(self, num_requests: int) -> bool:
         return self.bucket(num_requests) >= self.trials_bucket
@@ -116,6 +137,10 @@ class SpecGovernor:
 class LoadLevel:
     """The alternation of one load level (see the module docstring)."""
 
+    #: a speculation trial below this share of plain decoding's score after `trial`
+    #: scored steps ends early
+    EARLY_EXIT = 0.85
+
     def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
         self.trial = trial
         self.min_gap = min_gap
@@ -127,6 +152,7 @@ class LoadLevel:
         self.gap = min_gap
         self._left = min_gap + warmup  # steps left in the current run
         self._trial = False  # the current run is a trial (scored to decide)
+        self._scored = 0  # scored steps of the current run
         self._run = [0.0, 0.0]  # this run's scored output (in plain-step units) and seconds
         #: the latest run's mean efficiency of each mode (None: not measured yet)
         self.score: dict[str, float | None] = {SPEC: None, PLAIN: None}
@@ -155,12 +181,22 @@ class LoadLevel:
             # tokens in units of a plain step's output, and the time they took
             self._run[0] += emitted * plain_seconds / num_requests
             self._run[1] += seconds
-        if self._left > 0:
+            self._scored += 1
+        if self._left > 0 and not self._losing_trial():
             return
         if self._run[1] > 0:
             self.score[self.mode] = self._run[0] / self._run[1]
         self._run = [0.0, 0.0]
         self._next_run()
+
+    def _losing_trial(self) -> bool:
+        """A speculation trial that, after `trial` scored steps, runs below EARLY_EXIT of
+        plain decoding's latest score ends there: its longer length is for the bursts
+        that make speculation pay, and a trial this far behind costs more than it tells."""
+        if not (self._trial and self.mode == SPEC and self._scored >= self.trial and self._run[1] > 0):
+            return False
+        plain = self.score[PLAIN]
+        return plain is not None and self._run[0] / self._run[1] < self.EARLY_EXIT * plain
 
     def _next_run(self) -> None:
         other = PLAIN if self.mode == SPEC else SPEC
@@ -182,6 +218,7 @@ class LoadLevel:
             self.switches += 1
         self.mode = mode
         self._trial = trial
+        self._scored = 0
         self._left = (self._trial_length() if trial else self.gap) + self.warmup
 
     def summary(self) -> dict:

@@ -28,6 +28,12 @@ drafting time) corrects the profiled curve where the engine actually runs:
 
 Only the scheduler's view changes: the table's JSON (`raw_ms`, `step_ms`) stays as
 profiled, and `version` counts the updates so that cached rates are recomputed.
+
+Every step is observed, but the table the scheduler reads is republished every
+`publish_every` steps (every step during the first `window`): the estimates average
+over about `window` steps anyway, and a republished table costs the scheduler a
+recomputation of its rates, so a step that speculates nothing costs what a plain step
+costs.
 """
 
 from __future__ import annotations
@@ -54,6 +60,13 @@ class LiveCurve:
         self.weight = np.zeros(self.counts.size)  # observations per count (fractional)
         self.last_seen = np.full(self.counts.size, -(10**9))
         self.steps = 0
+        self._estimate: tuple[int, np.ndarray] | None = None  # (steps, log ratio) at the last refresh
+
+    def _log_estimate(self) -> np.ndarray:
+        """log(ratio()), refreshed every few observations (clipping needs a rough estimate only)."""
+        if self._estimate is None or self.steps - self._estimate[0] >= 4 or self.steps < self.window:
+            self._estimate = (self.steps, np.log(self.ratio()))
+        return self._estimate[1]
 
     def _neighbours(self, x: float) -> list[tuple[int, float]]:
         c = self.counts
@@ -74,7 +87,7 @@ class LiveCurve:
             return
         # the step's log-ratio, limited to `clip` times the current estimate at x (so a
         # stall moves the curve little, and a profile off by more still gets learned)
-        current = float(np.interp(x, self.counts, np.log(self.ratio())))
+        current = float(np.interp(x, self.counts, self._log_estimate()))
         residual = math.log(ms / self.predicted_base(x)) - current
         r = current + min(max(residual, -self.clip), self.clip)
         for j, w in self._neighbours(float(x)):
@@ -114,8 +127,11 @@ class LiveStepTime:
     step did not draft). Steps that also prefilled prompt chunks are not recorded by
     the engine (a prompt's tokens cost more than a verification's)."""
 
-    def __init__(self, table: StepTimeTable, window: int = 16, max_age: int = 4096) -> None:
+    def __init__(self, table: StepTimeTable, window: int = 16, max_age: int = 4096, publish_every: int = 8) -> None:
         self.table = table
+        self.publish_every = max(1, publish_every)
+        self._unpublished = 0  # records since the table was last republished
+        self._drafted = False  # the drafter's curve learned something since then
         self.target = LiveCurve(table.token_counts, table.step_ms, window, max_age)
         d = table.drafter
         self.drafter = None if d is None else LiveCurve(d.request_counts, d.step_ms, window, max_age)
@@ -128,13 +144,23 @@ class LiveStepTime:
         if n_tokens <= 0 or target_seconds <= 0:
             return
         self.target.observe(n_tokens, target_seconds * 1000.0)
-        ms = self.target.ms()
-        drafter_ms = None
         if self.drafter is not None and drafted_requests > 0 and draft_seconds > 0:
             self.drafter.observe(drafted_requests, draft_seconds * 1000.0)
-            drafter_ms = self.drafter.ms()
-        self.table.set_live_ms(ms, drafter_ms)
+            self._drafted = True
         self.steps += 1
+        self._tick()
+
+    def _tick(self) -> None:
+        self._unpublished += 1
+        if self._unpublished >= self.publish_every or self.steps <= self.window:
+            self.publish()
+
+    def publish(self) -> None:
+        """Hand the current curves to the table."""
+        self._unpublished = 0
+        if self.target.steps:
+            self.table.set_live_ms(self.target.ms(), self.drafter.ms() if self._drafted else None)
+            self._drafted = False
 
     def record_outside(self, n_requests: int, speculated: bool, seconds: float, select_seconds: float = 0.0) -> None:
         """One decode step's time outside the target's forward and the drafter's call,
@@ -148,7 +174,7 @@ class LiveStepTime:
         if n_requests <= 0 or seconds < 0:
             return
         level = load_level(n_requests)
-        avg = self._outside.setdefault(level, [None, None, None])  # plain, speculative, choosing
+        avg = self._outside.setdefault(level, [None, None, None, 0])  # plain, speculative, choosing; records
 
         def update(i: int, x: float) -> None:
             avg[i] = x if avg[i] is None else avg[i] + (min(x, 4.0 * avg[i] + 1e-3) - avg[i]) / self.window
@@ -164,7 +190,9 @@ class LiveStepTime:
         if plain is None:
             lower = [lv for lv, a in self._outside.items() if lv < level and a[0] is not None]
             plain = self._outside[max(lower)][0] if lower else avg[1] - avg[2]
-        self.table.set_spec_overhead(n_requests, avg[1] - plain)
+        avg[3] += 1
+        if avg[3] % self.publish_every == 0 or avg[3] <= self.window:
+            self.table.set_spec_overhead(n_requests, avg[1] - plain)
 
     def summary(self) -> dict:
         """The live curve against the profile, for metrics and the live view."""

@@ -106,6 +106,20 @@ def _interp_ms(x: np.ndarray, counts: np.ndarray, times_ms: np.ndarray) -> np.nd
     return y
 
 
+def _memo_interp(table, n: int) -> float:
+    """`table`'s time in seconds at the integer count `n`, remembered until its times
+    change (every replacement of `table._ms` is a new array): the engine asks for the
+    same few counts every step, and a numpy interpolation of one value costs tens of
+    microseconds."""
+    memo = getattr(table, "_memo", None)
+    if memo is None or memo[0] is not table._ms:
+        memo = table._memo = (table._ms, {})
+    t = memo[1].get(n)
+    if t is None:
+        t = memo[1][n] = float(_interp_ms(np.float64(n), table._counts, table._ms)) / 1000.0
+    return t
+
+
 def _check_curve(where: str, counts: list[int], raw_ms: list[float], step_ms: list[float]) -> None:
     if not counts:
         raise ScheduleError(f"{where}: no measurements; profile at least one count")
@@ -149,7 +163,7 @@ class DrafterTimeTable:
         """Seconds to draft for `n_requests` requests (0 for none)."""
         if n_requests <= 0:
             return 0.0
-        return float(_interp_ms(np.float64(n_requests), self._counts, self._ms)) / 1000.0
+        return _memo_interp(self, n_requests)
 
     def scale(self, factor: float) -> None:
         """Multiply every time by `factor` (in place)."""
@@ -213,7 +227,7 @@ class StepTimeTable:
         """Seconds for one target forward over `n_tokens` tokens (0 for none)."""
         if n_tokens <= 0:
             return 0.0
-        return float(_interp_ms(np.float64(n_tokens), self._counts, self._ms)) / 1000.0
+        return _memo_interp(self, n_tokens)
 
     def drafter_time(self, n_requests: int) -> float:
         """Seconds for the drafter to draft for `n_requests` requests; 0 without a
