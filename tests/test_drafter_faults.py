@@ -105,7 +105,7 @@ def test_drafter_faults_fall_back_to_plain_decoding(case, fault, temperature):
 
 
 def test_faulty_rows_detection():
-    from dspark.engine.runner import _faulty_rows
+    from dspark.engine.drafts import faulty_rows as _faulty_rows
 
     toks = torch.tensor([[1, 2], [2, 0], [0, 1]])
     lg = torch.full((3, 2, 4), float("-inf")).scatter_(-1, toks.unsqueeze(-1), 0.0)

@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--max-prefill-tokens", type=int, default=EngineConfig.max_prefill_tokens,
                    help="prompt tokens per step: a longer prompt is prefilled in chunks over several steps "
                         "while running requests keep decoding (default: %(default)s)")
+    e.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="do not keep recent prompts' keys and values for prompts that begin the same way (on "
+                        "by default in the batch-invariant CPU precisions, where reusing them is exact)")
     o = p.add_argument_group("operations")
     o.add_argument("--log-interval", type=float, default=ServeConfig.log_interval,
                    help="seconds between log lines with throughput, running/waiting requests and acceptance "
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, speculative=spec,
         engine=EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                            max_waiting=args.max_waiting, max_prefill_tokens=args.max_prefill_tokens),
+                            max_waiting=args.max_waiting, max_prefill_tokens=args.max_prefill_tokens,
+                            prefix_caching=args.prefix_caching),
         host=args.host, port=args.port, api_key=args.api_key,
         served_model_names=args.served_model_name or [], log_interval=args.log_interval,
         shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,

@@ -41,6 +41,9 @@ class EngineConfig:
     #: prompt tokens per step: a longer prompt is prefilled in chunks over several
     #: steps, so that running requests keep decoding meanwhile
     max_prefill_tokens: int = 512
+    #: keep recent prompts' keys and values and reuse them for prompts that begin the
+    #: same way (dspark.engine.prefix_cache); only in batch-invariant CPU precisions
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_model_len", "max_waiting", "max_prefill_tokens"):
@@ -55,11 +58,12 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: shipped for the target, with adaptive verification; a target without one runs
 #: without speculation (with a warning). 'none' turns speculation off.
 #: hybrid drafting (DSpark + prompt lookup) with adaptive verification, and the
-#: plain-decoding fallback from 8 running requests: served, interleaved, on a 2-core
-#: AMX Xeon in bf16x, 1.39-1.50x plain decoding at one request, 1.13x at four, 0.95-1.00x
-#: at sixteen and 0.94-0.98x at 32, where the fallback from 16 ran 0.91-0.94x and
-#: 0.90-0.93x in the same rounds (docs/benchmarks/fallback.md, "Plain-mode steps that
-#: tap nothing, and the fallback from 8 requests")
+#: plain-decoding fallback from 8 running requests, with trials from 2 (a level starts
+#: plain where the step-time curve says verification is dear; dspark.engine.governor).
+#: Served, interleaved: on a 2-core AMX Xeon in bf16x (fallback from 8 only) 1.39-1.50x
+#: plain decoding at one request, 1.13x at four, 0.95-1.00x at sixteen, 0.94-0.98x at 32
+#: (docs/benchmarks/fallback.md); on a 2-core AVX2-only EPYC 0.94x / 0.99x / 1.10x at
+#: 4 / 16 / 32 (docs/benchmarks/fallback.md, "Steps that speculate nothing ...")
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 8, "plain_trials_from": 2}
 

@@ -1,7 +1,9 @@
 """One step's proposals for every decode row, from up to two sources: the drafter's
 block for the rows it drafts, and prompt lookup alone for the rows the scheduler left
 out of drafting (hybrid drafting only; a lookup token costs verification but no
-drafter time). Rows that neither drafted are empty and verify nothing."""
+drafter time). Rows that neither drafted are empty and verify nothing. `faulty_rows`
+finds the drafter's rows that cannot be verified as they are (the runner decodes them
+plain)."""
 
 from __future__ import annotations
 
@@ -32,3 +34,27 @@ def merge_drafts(num_rows: int, rows: list[int], drafted: DraftOutput | None,
         return StepDrafts(out.tokens, out.logits, out.confidence, valid)
     out = stack_drafts(num_rows, parts)
     return StepDrafts(out.tokens, out.logits, out.confidence, out.num_valid.tolist())
+
+
+def faulty_rows(out, greedy: list[bool]) -> set[int]:
+    """Rows of a DraftOutput whose draft cannot be verified as it is: a confidence that is
+    not a probability, or logits with NaN or +inf (-inf is a zero probability) or no
+    finite entry at a position. Greedy verification reads only the drafted tokens, so
+    greedy rows are checked at those tokens alone (a full pass over the vocabulary
+    costs memory traffic comparable to a small forward)."""
+    bad = torch.zeros(out.tokens.shape[0], dtype=torch.bool)
+    if out.logits is not None:
+        lg = out.logits
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        if sampled:
+            peak = lg[sampled].amax(-1)  # NaN and +inf propagate; all -inf stays -inf
+            bad[sampled] = (~torch.isfinite(peak)).any(1).cpu()
+        at = lg.gather(-1, out.tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+        valid = out.num_valid if out.num_valid is not None else None
+        pos = torch.arange(at.shape[1], device=at.device).unsqueeze(0)
+        live = pos < (valid.to(at.device).unsqueeze(1) if valid is not None else at.shape[1])
+        bad |= ((~torch.isfinite(at)) & live).any(1).cpu()
+    if out.confidence is not None:
+        c = out.confidence.float()
+        bad |= (~((c >= 0) & (c <= 1))).any(1).cpu()
+    return set(bad.nonzero().flatten().tolist())

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 from dspark.errors import UserError
 from dspark.runtime.kv_cache import ContextTooLong
+from dspark.runtime.loader import BATCH_INVARIANT_CPU
 from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams, StopRule
 from dspark.schedule.policies import make_policy
 
 from .config import EngineConfig, SpeculativeConfig, build_drafter
+from .prefix_cache import PrefixCache
 from .runner import SpecRunner
 from .sequence import Sequence, SpecStats, Status
 
@@ -81,6 +83,8 @@ class LLMEngine:
                                  threshold=spec.confidence_threshold, lag=spec.async_lag,
                                  probe_every=spec.draft_probe_every)
         self.runner = SpecRunner(target.model, cache, drafter, policy, n)
+        if self.config.prefix_caching and target.device.type == "cpu" and target.precision in BATCH_INVARIANT_CPU:
+            self.runner.prefix = PrefixCache(cache)
         self.policy = policy
         self.step_table = step_table
         self.step_watch = None
@@ -174,23 +178,24 @@ class LLMEngine:
             seq = self.waiting.popleft()
             self.runner.add(seq)
             seq.status = Status.RUNNING
-            end = min(len(seq.prompt_ids), budget)
-            chunks.append((seq, 0, end))
-            budget -= end
+            start = self.runner.reuse_prefix(seq)  # 0 unless a kept prompt begins the same way
+            end = min(len(seq.prompt_ids), start + budget)
+            chunks.append((seq, start, end))
+            budget -= end - start
             admitted.append(seq)
         return chunks, admitted
 
     def step(self) -> list[StepOutput]:
         decodes = [s for s in self.running if s.prefilled]
+        runner = self.runner
+        if self.governor is not None:  # before admission: a prompt reused in plain mode needs no taps
+            runner.speculating = self.governor.speculating(len(decodes))
         chunks, admitted = self._prefill_chunks()
         if not chunks and not decodes:
             return []
         # Admitted before the forward, so that after a failed step every request it
         # touched is in `running` and can be aborted (freeing its slot).
         self.running.extend(admitted)
-        runner = self.runner
-        if self.governor is not None:
-            runner.speculating = self.governor.speculating(len(decodes))
         t0 = time.perf_counter()
         emitted = self.runner.step(chunks, decodes)
         seconds = time.perf_counter() - t0

@@ -34,12 +34,20 @@ requests, governing from 16 left 0.91-0.94x plain and from 8 0.95-1.00x. A
 speculation trial still runs after every gap, so a workload where it wins there
 (long copies from the prompt) gets it back.
 
-Below that, `"plain_trials_from": M` governs the levels from M requests up too, but
-starting with speculation: at 4 requests speculation paid on an AMX Xeon (1.07-1.13x
-plain decoding) and lost engine alone on an AVX2-only EPYC (0.83x; a 16-token step
-costs 1.6 times a 4-token one there), and a plain trial after the first gap tells
-which. Served on that EPYC, governing from 2 changed nothing measurable (0.98x plain at
-4 requests with and without), so the default leaves it off.
+Below that, `"plain_trials_from": M` governs the levels from M requests up too. Each
+such level starts with speculation where the step-time table says verification is
+cheap there, and with plain decoding where a step of two tokens per request costs at
+least `DEAR_VERIFICATION` (1.2) times a plain one: at 4 requests speculation paid on an
+AMX Xeon (1.07-1.13x plain decoding) and lost on an AVX2-only EPYC, where a step of 8
+tokens costs 1.3-1.4 times one of 4 (0.87x engine alone at 4 requests, mostly prompt
+lookup tokens accepted one time in five). The default governs from 2 requests. A
+speculation trial that runs below `EARLY_EXIT` (0.85) of plain decoding's score after
+`trial` scored steps ends there rather than running its triple length. Served on that
+EPYC, interleaved (three rounds), the default ran 0.94x / 0.99x / 1.10x plain decoding
+at 4 / 16 / 32 requests, the same engine governed from 8 requests only 0.90x / 0.89x /
+1.06x in the same rounds: at 4 requests still below, where the level's scores put
+speculation and plain decoding within a few percent of each other and the governor
+keeps switching.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the

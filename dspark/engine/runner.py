@@ -33,7 +33,8 @@ from dspark.verify import rejection_sample
 from .calibration_watch import CalibrationWatch
 from .context_feed import ContextFeed
 from .draft_gate import DraftGate
-from .drafts import merge_drafts
+from .drafts import faulty_rows, merge_drafts
+from .prefix_cache import PrefixCache
 from .sequence import Sequence
 
 log = logging.getLogger("dspark.engine")
@@ -95,6 +96,8 @@ class SpecRunner:
         #: the drafter's confidences against verification, while serving
         self.calibration = CalibrationWatch()
         self._confidence: list[list[float] | None] | None = None  # this step's, per decode
+        #: recent prompts' keys and values, for prompts that begin the same way (None: off)
+        self.prefix: PrefixCache | None = None
         #: accepted tokens and their hidden states not given to the drafter yet
         self.feed = ContextFeed(drafter, self.device, self.undrafted, self._fault, self.contextless,
                                 feeding=lambda: self.speculating) if drafter else None
@@ -110,6 +113,38 @@ class SpecRunner:
             except Exception:
                 self._fault("add_request")
                 self.undrafted.add(seq.request_id)
+
+    def reuse_prefix(self, seq: Sequence) -> int:
+        """Fill a newly added request's slot with the longest prefix of its prompt that a
+        kept prompt shares (its drafter context too, from the kept taps); returns where
+        its prefill starts (0: nothing reused)."""
+        if self.prefix is None or seq.slot < 0:
+            return 0
+        # a request of a plain-mode step lets the drafter go (`ContextFeed.let_go`): no taps needed
+        drafts = (self.drafter is not None and self.speculating and seq.speculate
+                  and seq.request_id not in self.undrafted)
+        entry, length = self.prefix.match(seq.prompt_ids, need_taps=drafts)
+        if entry is None:
+            return 0
+        taps = self.prefix.restore(seq.slot, entry, length)
+        seq.num_cached = seq.num_prefilled = length
+        seq.reused_taps = taps
+        if drafts and taps is not None and self.feed is not None:
+            self.feed.stash([seq.request_id], [seq.prompt_ids[:length]], [0], list(range(length)), taps)
+        return length
+
+    def _keep_prompt(self, seq: Sequence, start: int, hidden: torch.Tensor | None) -> None:
+        """A prompt whose prefill just completed, to the prefix cache; `hidden` its last
+        chunk's taps (with the reused prefix's, the whole prompt's when that chunk began
+        at 0 or where the reused prefix ended)."""
+        taps = None
+        if hidden is not None:
+            if start == 0:
+                taps = hidden
+            elif seq.reused_taps is not None and seq.reused_taps.shape[0] == start:
+                taps = torch.cat([seq.reused_taps.to(hidden.dtype), hidden])
+        seq.reused_taps = None
+        self.prefix.store(seq.prompt_ids, seq.slot, taps)
 
     def release(self, seq: Sequence) -> None:
         if seq.slot >= 0:
@@ -183,7 +218,7 @@ class SpecRunner:
             self._fault("draft")
             return none
         if out is not None:
-            bad = _faulty_rows(out, [decodes[i].params.greedy for i in rows])
+            bad = faulty_rows(out, [decodes[i].params.greedy for i in rows])
             if bad:
                 self._fault("draft", f"non-finite logits or confidences for {len(bad)} of {len(rows)} requests")
         block = merge_drafts(len(decodes), rows, out, looked, lk)
@@ -326,6 +361,8 @@ class SpecRunner:
                 kept = tokens[i]
                 ctx_start = start
                 s.num_cached = s.num_prefilled = end
+                if self.prefix is not None and end == len(s.prompt_ids):
+                    self._keep_prompt(s, start, None if hidden is None else hidden[first: first + len(kept)])
             if s.speculate:
                 ctx_starts.append(ctx_start)
                 ctx_ids.append(s.request_id)
@@ -341,26 +378,3 @@ class SpecRunner:
             self.feed.stash(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
         return emitted
 
-
-def _faulty_rows(out, greedy: list[bool]) -> set[int]:
-    """Rows of a DraftOutput whose draft cannot be verified as it is: a confidence that is
-    not a probability, or logits with NaN or +inf (-inf is a zero probability) or no
-    finite entry at a position. Greedy verification reads only the drafted tokens, so
-    greedy rows are checked at those tokens alone (a full pass over the vocabulary
-    costs memory traffic comparable to a small forward)."""
-    bad = torch.zeros(out.tokens.shape[0], dtype=torch.bool)
-    if out.logits is not None:
-        lg = out.logits
-        sampled = [i for i, g in enumerate(greedy) if not g]
-        if sampled:
-            peak = lg[sampled].amax(-1)  # NaN and +inf propagate; all -inf stays -inf
-            bad[sampled] = (~torch.isfinite(peak)).any(1).cpu()
-        at = lg.gather(-1, out.tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1)
-        valid = out.num_valid if out.num_valid is not None else None
-        pos = torch.arange(at.shape[1], device=at.device).unsqueeze(0)
-        live = pos < (valid.to(at.device).unsqueeze(1) if valid is not None else at.shape[1])
-        bad |= ((~torch.isfinite(at)) & live).any(1).cpu()
-    if out.confidence is not None:
-        c = out.confidence.float()
-        bad |= (~((c >= 0) & (c <= 1))).any(1).cpu()
-    return set(bad.nonzero().flatten().tolist())

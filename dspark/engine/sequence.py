@@ -95,6 +95,9 @@ class Sequence:
     num_cached: int = 0
     #: prompt tokens already in the KV cache (a long prompt is prefilled in chunks)
     num_prefilled: int = 0
+    #: the drafter taps of a prompt prefix reused from the prefix cache, until the
+    #: prompt's prefill completes
+    reused_taps: object = None
     #: False: never drafted for (plain decoding inside a speculative engine, e.g. the
     #: race of plain against speculative decoding)
     speculate: bool = True

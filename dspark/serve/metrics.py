@@ -108,6 +108,11 @@ class ServingMetrics:
         self.table_refreshes = Counter(p + "step_time_table_refreshes_total",
                                        "Step-time table rescaled while serving: the median step over 128 steps "
                                        "was off by more than 1.5x with the CPU otherwise idle.", const_labels=c)
+        self.prefix_queries = Counter(p + "prefix_cache_queries_total",
+                                      "Prompt tokens of admitted requests looked up in the prefix cache.",
+                                      const_labels=c)
+        self.prefix_hits = Counter(p + "prefix_cache_hits_total",
+                                   "Prompt tokens reused from the prefix cache (not computed).", const_labels=c)
         self.fallback_steps = Counter(p + "spec_decode_plain_fallback_steps_total",
                                       "Decode steps run as plain decoding because speculation measured slower "
                                       "than plain decoding at that load (the plain-decoding fallback).",
@@ -119,7 +124,7 @@ class ServingMetrics:
                                 "The live step-time curve over the profiled one, by token count (the counts "
                                 "the engine has run recently).", ("tokens",), c)
         self._engine_seen = {"errors": 0, "lookup": 0, "lookup_only": 0, "slow": 0, "refreshes": 0, "skips": 0,
-                             "fallback": 0}
+                             "fallback": 0, "prefix_queries": 0, "prefix_hits": 0}
         self._ece_at = float("-inf")
         #: position -> (predicted, observed, trials), refreshed with the gauges
         self.calibration_positions: dict[int, tuple[float, float, int]] = {}
@@ -130,7 +135,8 @@ class ServingMetrics:
                           self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                           self.kv_slots_used, self.drafter_requests,
                           self.drafter_errors, self.request_skips, self.threads, self.slow_windows,
-                          self.table_refreshes, self.fallback_steps, self.speculating, self.live_ratio]
+                          self.table_refreshes, self.fallback_steps, self.speculating, self.live_ratio,
+                          self.prefix_queries, self.prefix_hits]
         self._hybrid_families = [self.lookup_tokens, self.lookup_only, self.lookup_ece]
         self._calibration_families = [self.calibration_ece, self.predicted_acceptance, self.observed_acceptance]
         self.calibration_ece.set(float("nan"))
@@ -197,6 +203,12 @@ class ServingMetrics:
             seen["slow"] = watch.slow_windows
             self.table_refreshes.inc(watch.refreshes - seen["refreshes"])
             seen["refreshes"] = watch.refreshes
+        prefix = runner.prefix
+        if prefix is not None:
+            self.prefix_queries.inc(prefix.tokens_queried - seen["prefix_queries"])
+            seen["prefix_queries"] = prefix.tokens_queried
+            self.prefix_hits.inc(prefix.tokens_saved - seen["prefix_hits"])
+            seen["prefix_hits"] = prefix.tokens_saved
         drafter = runner.drafter
         now = time.monotonic()
         refresh = now - self._ece_at >= 1.0  # windowed figures: about once a second
