@@ -137,3 +137,29 @@ def test_sampling_with_the_cache_draws_what_it_draws_without(default_target_bf16
     want, _ = _generate(target, spec, prompts, caching=False, temperature=0.8, seed=11)
     got, cache = _generate(target, spec, prompts, caching=True, temperature=0.8, seed=11)
     assert got == want and cache.hits == 2
+
+
+@pytest.mark.slow
+def test_reuse_stays_exact_while_the_governor_switches_modes(greedy_case):  # noqa: F811
+    """The default configuration with its fallback switching every few steps: prompts
+    kept in a plain-mode step have no taps (the step tapped nothing), those kept while
+    speculating do; requests admitted in either mode reuse what they may and decode
+    exactly the plain greedy references (decoded without any engine)."""
+    from dspark.engine.governor import PLAIN, SPEC, SpecGovernor
+    from dspark.sampling import SamplingParams
+    from test_live_step_time import adaptive_hybrid_engine
+
+    target, prompts, refs = greedy_case
+    engine, _ = adaptive_hybrid_engine(target)
+    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)
+    outs = []
+    for i in range(0, 8, 2):  # two at a time: the later pairs reuse the earlier prompts
+        outs += engine.generate(prompts[i: i + 2], SamplingParams(max_tokens=24))
+    for seq, ref in zip(outs, refs[:8]):
+        assert seq.output_ids == ref
+    gov, cache = engine.governor, engine.runner.prefix
+    assert gov.steps(SPEC) > 0 and gov.steps(PLAIN) > 0
+    assert cache is not None and cache.hits >= 6
+
+
+from test_speculative import greedy_case, tiny_target  # noqa: E402,F401  (fixtures)

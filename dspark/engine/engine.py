@@ -87,6 +87,10 @@ class LLMEngine:
             self.runner.prefix = PrefixCache(cache)
         self.policy = policy
         self.step_table = step_table
+        #: the governor's unit: a plain step's time by the profile as measured, fixed (the
+        #: live table learns a count while plain decoding runs it, and the two modes' scores
+        #: must not be taken against different references)
+        self._governor_unit = None if step_table is None else copy.deepcopy(step_table)
         self.step_watch = None
         #: the table corrected by measured steps (CPU only: there a forward's wall time is its cost)
         self.live_table = None
@@ -210,7 +214,7 @@ class LLMEngine:
                                                runner.last_select_seconds)
             if self.governor is not None:
                 self.governor.record(len(decodes), sum(len(emitted[s.request_id]) for s in decodes), seconds,
-                                     self.step_table.target_time(len(decodes)))
+                                     self._governor_unit.target_time(len(decodes)))
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
                                             sum(len(t) for t in emitted.values())))

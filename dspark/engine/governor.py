@@ -10,8 +10,10 @@ speculation off for such stretches, by measurement rather than by model:
 
 * a run of pure decode steps (no prompt chunks) is scored by its efficiency: the
   tokens it emitted, each counted as T(R) / R seconds (what a plain step of the same
-  R requests takes per token, by the live step-time table), over the seconds the
-  steps took; plain decoding scores about 1, speculation its speedup;
+  R requests takes per token, by the step-time profile as measured at start-up: a
+  fixed unit, where the live table would learn count R while plain decoding runs it
+  and score the two modes against different references), over the seconds the steps
+  took; plain decoding scores about 1 on an undrifted machine, speculation its speedup;
 * the engine starts speculating for `min_gap` steps, then alternates between the
   two modes in runs: a trial of the mode not in use (`trial` steps of plain decoding,
   three times that of speculation, whose output varies more), then `gap` steps of

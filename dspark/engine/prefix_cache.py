@@ -103,6 +103,8 @@ class PrefixCache:
         n = min(len(prompt_ids), self.max_tokens, self.cache.lengths[slot])
         if n < self.min_tokens:
             return
+        if taps is not None and (taps.shape[0] < n or taps.numel() == 0):
+            taps = None  # not the whole prompt's, or nothing tapped
         key = tuple(prompt_ids[:n])
         old = self._entries.get(key)
         if old is not None and (old.taps is not None or taps is None):

@@ -141,7 +141,8 @@ class SpecRunner:
         if hidden is not None:
             if start == 0:
                 taps = hidden
-            elif seq.reused_taps is not None and seq.reused_taps.shape[0] == start:
+            elif seq.reused_taps is not None and seq.reused_taps.shape[0] == start \
+                    and seq.reused_taps.shape[1:] == hidden.shape[1:]:
                 taps = torch.cat([seq.reused_taps.to(hidden.dtype), hidden])
         seq.reused_taps = None
         self.prefix.store(seq.prompt_ids, seq.slot, taps)
@@ -362,7 +363,8 @@ class SpecRunner:
                 ctx_start = start
                 s.num_cached = s.num_prefilled = end
                 if self.prefix is not None and end == len(s.prompt_ids):
-                    self._keep_prompt(s, start, None if hidden is None else hidden[first: first + len(kept)])
+                    tapped = hidden is not None and hidden.shape[1] > 0  # a plain-mode step taps nothing
+                    self._keep_prompt(s, start, hidden[first: first + len(kept)] if tapped else None)
             if s.speculate:
                 ctx_starts.append(ctx_start)
                 ctx_ids.append(s.request_id)
