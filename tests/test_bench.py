@@ -378,3 +378,16 @@ def test_bench_runs_without_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", NO_TORCH, "bench", "--help"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "sweep" in r.stdout, r.stderr
+
+
+def test_each_round_of_a_sweep_gets_prompts_no_other_round_had():
+    """A server that keeps recent prompts (a prefix cache, llama.cpp's slots) must not
+    meet a round's prompts again in the next: rounds take disjoint shares of the pool
+    while it holds enough, and share it when it does not."""
+    from dspark.bench.sweep import round_pool
+
+    pool = list(range(100))
+    shares = [round_pool(pool, r, 3, 30) for r in range(3)]
+    assert all(len(s) == 33 for s in shares)
+    assert not set(shares[0]) & set(shares[1]) and not set(shares[1]) & set(shares[2])
+    assert round_pool(pool, 1, 3, 40) == pool  # 33 a round is too few for 40: the whole pool

@@ -39,7 +39,8 @@ __all__ = ["DEFAULT_CONFIGS", "KNOWN_CONFIGS", "ServerConfig", "SweepConfig", "m
            "run_sweep", "write_report"]
 
 #: prompts of round r at concurrency c are drawn with seed + c + ROUND_SEED_STEP * r: every
-#: configuration gets the same prompts within a round, and each round new ones
+#: configuration gets the same prompts within a round, and each round new ones (its own
+#: share of the pool, `round_pool`, where the dataset has enough)
 ROUND_SEED_STEP = 100_003
 
 
@@ -113,8 +114,10 @@ def run_sweep(cfg: SweepConfig, log=None) -> dict:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     most = max(cfg.warmups_at(c) + cfg.prompts_at(c) for c in cfg.concurrencies)
     try:
+        # a share of its own per round where the prompts suffice (a server that keeps recent
+        # prompts, a prefix cache or llama.cpp's slots, must not meet the same ones again)
         pool = (jsonl_prompts(cfg.load.dataset_path) if cfg.load.dataset_path
-                else heldout_prompts(cfg.load.dataset, most))
+                else heldout_prompts(cfg.load.dataset, most * cfg.rounds))
     except DatasetError as e:
         raise BenchError(str(e)) from None
     sweep_id = uuid.uuid4().hex[:12]
@@ -246,12 +249,22 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
 
 
 
+def round_pool(pool: list, round_index: int, rounds: int, need: int) -> list:
+    """Round `round_index`'s own share of the prompt pool: rounds do not repeat each
+    other's prompts while the pool holds `need` per round; a smaller pool is shared."""
+    share = len(pool) // max(rounds, 1)
+    if share < need:
+        return pool
+    return pool[round_index * share: (round_index + 1) * share]
+
+
 def _run_point(visit: Visit, url: str, cfg: SweepConfig, pool: list, log) -> dict:
     c = visit.concurrency
     n, warm = cfg.prompts_at(c), cfg.warmups_at(c)
     load = replace(cfg.load, base_url=url, max_concurrency=c, num_prompts=n, num_warmups=warm,
                    metrics_url=None, request_rate=float("inf"))
-    prompts = sample_prompts(pool, warm + n, cfg.load.seed + c + ROUND_SEED_STEP * visit.round)
+    prompts = sample_prompts(round_pool(pool, visit.round, cfg.rounds, warm + n),
+                             warm + n, cfg.load.seed + c + ROUND_SEED_STEP * visit.round)
     run = run_benchmark(load, prompts)
     run["round"] = visit.round
     f = {key: _num(figure(run, POINT_FIGURES[key])) for key in
