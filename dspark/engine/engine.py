@@ -87,10 +87,11 @@ class LLMEngine:
             self.runner.prefix = PrefixCache(cache)
         self.policy = policy
         self.step_table = step_table
-        #: the governor's unit: a plain step's time by the profile as measured, fixed (the
-        #: live table learns a count while plain decoding runs it, and the two modes' scores
-        #: must not be taken against different references)
-        self._governor_unit = None if step_table is None else copy.deepcopy(step_table)
+        #: the profile as measured, never corrected: the governor's unit (a plain step's
+        #: time; the live table learns a count while plain decoding runs it, and the two
+        #: modes' scores must not be taken against different references) and, with a live
+        #: table, the step watch's reference
+        self._profile = None if step_table is None else copy.deepcopy(step_table)
         self.step_watch = None
         #: the table corrected by measured steps (CPU only: there a forward's wall time is its cost)
         self.live_table = None
@@ -113,7 +114,7 @@ class LLMEngine:
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against
             # the fastest steps seen so far
-            watched = step_table if self.live_table is None else copy.deepcopy(step_table)
+            watched = step_table if self.live_table is None else self._profile
             self.step_watch = StepWatch(watched, rescale=self.live_table is None)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -214,7 +215,7 @@ class LLMEngine:
                                                runner.last_select_seconds)
             if self.governor is not None:
                 self.governor.record(len(decodes), sum(len(emitted[s.request_id]) for s in decodes), seconds,
-                                     self._governor_unit.target_time(len(decodes)))
+                                     self._profile.target_time(len(decodes)))
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
                                             sum(len(t) for t in emitted.values())))

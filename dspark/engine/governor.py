@@ -49,7 +49,8 @@ EPYC, interleaved (three rounds), the default ran 0.94x / 0.99x / 1.10x plain de
 at 4 / 16 / 32 requests, the same engine governed from 8 requests only 0.90x / 0.89x /
 1.06x in the same rounds: at 4 requests still below, where the level's scores put
 speculation and plain decoding within a few percent of each other and the governor
-keeps switching.
+keeps switching. With both modes scored against the fixed profile (and the prefix
+cache), a last sweep at 4 requests gave 1.08x [1.04-1.12] (docs/benchmarks/fallback.md).
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the

@@ -30,7 +30,8 @@ from dspark.runtime.kv_cache import KVCachePool
 
 @dataclass
 class _Entry:
-    tokens: torch.Tensor  # [n] long
+    key: tuple[int, ...]  # the prompt's tokens, the entry's key
+    tokens: torch.Tensor  # [n] long, the same, for matching
     k: list[torch.Tensor]  # per layer [kv heads, n, head dim]
     v: list[torch.Tensor]
     taps: torch.Tensor | None  # [n, taps, hidden] or None
@@ -90,9 +91,8 @@ class PrefixCache:
             self.cache.k[layer][slot, :, :length].copy_(k[:, :length])
             self.cache.v[layer][slot, :, :length].copy_(v[:, :length])
         self.cache.lengths[slot] = length
-        key = tuple(entry.tokens.tolist())
-        if key in self._entries:
-            self._entries.move_to_end(key)
+        if entry.key in self._entries:
+            self._entries.move_to_end(entry.key)
         self.hits += 1
         self.tokens_saved += length
         return None if entry.taps is None else entry.taps[:length]
@@ -120,7 +120,7 @@ class PrefixCache:
         if old is not None:
             self.bytes -= old.nbytes
             del self._entries[key]
-        self._entries[key] = _Entry(torch.tensor(key, dtype=torch.long), k, v, kept, nbytes)
+        self._entries[key] = _Entry(key, torch.tensor(key, dtype=torch.long), k, v, kept, nbytes)
         self.bytes += nbytes
         while self.bytes > self.max_bytes:
             _, dropped = self._entries.popitem(last=False)
