@@ -153,6 +153,8 @@ def main() -> int:
             tps = sum(len(s.output_ids) for s in seqs) / seconds
             results[name].append(tps)
             print(f"round {r + 1}/{args.rounds} {name}: {tps:.1f} tok/s ({seconds:.0f} s)", flush=True)
+            if engine.governor is not None and args.phases:  # each level's mode, scores, steps, switches
+                print("  governor " + json.dumps(engine.governor.summary()), flush=True)
             if steps is not None:
                 all_steps[name].extend(steps)
                 if r == args.rounds - 1:

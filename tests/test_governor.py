@@ -144,6 +144,30 @@ def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
         assert gov.score[SPEC] == pytest.approx(eff)
 
 
+def test_speculation_must_beat_plain_decoding_by_a_margin():
+    """Level with plain decoding (within SPEC_MARGIN), a level decodes plain: speculation's
+    variance is not worth a percent; clearly ahead, it speculates."""
+    assert LoadLevel.SPEC_MARGIN > 1.0
+    for eff, want in ((1.01, PLAIN), (1.06, SPEC)):
+        gov = LoadLevel(8, 16, 256, 2)
+        late = _run(gov, 4000, spec_eff=eff)[1000:]
+        assert late.count(want) / len(late) > 0.85, eff
+
+
+def test_a_score_weighs_a_modes_earlier_runs_by_history():
+    """A mode's score is its runs' decayed output over their decayed time, so one lucky
+    stretch moves it only part of the way."""
+    gov = LoadLevel(4, 8, 8, 0, start=PLAIN)
+    modes = _run(gov, 8 + 12, spec_eff=0.9)  # the plain gap, a speculation trial (3 x 4 steps)
+    assert modes == [PLAIN] * 8 + [SPEC] * 12 and gov.score[SPEC] == pytest.approx(0.9)
+    modes = _run(gov, 8 + 12, spec_eff=1.6)  # plain won: its gap; then a lucky speculation trial
+    assert modes == [PLAIN] * 8 + [SPEC] * 12
+    h = LoadLevel.HISTORY
+    assert 0 < h < 1
+    assert gov.score[SPEC] == pytest.approx((h * 12 + 12) / (h * 12 / 0.9 + 12 / 1.6))
+    assert gov.score[SPEC] < 1.6
+
+
 def test_the_default_configuration_governs_from_2_requests():
     from dspark.engine.config import DEFAULT_SPECULATIVE, SpeculativeConfig
     from dspark.errors import UserError
@@ -240,3 +264,28 @@ def test_plain_mode_steps_tap_nothing_and_their_requests_stay_exact_on_lookup(gr
     assert {tuple(layers) for spec, layers in taps if spec} == {tuple(runner.hidden_layers)}
     assert runner.hidden_layers and engine.total_stats().accepted_tokens > 0  # lookup still served
     assert not runner.contextless  # released with their requests
+
+
+@pytest.mark.slow
+def test_prompts_admitted_together_start_at_their_own_level(greedy_case):  # noqa: F811
+    """Prompts that arrive while nothing decodes (the previous batch finished together)
+    are admitted at the level they will decode at: here plain, so no hidden states are
+    tapped for a drafter that plain decoding would let go."""
+    from dspark.sampling import SamplingParams
+    from test_live_step_time import adaptive_hybrid_engine
+
+    target, prompts, refs = greedy_case
+    engine, _ = adaptive_hybrid_engine(target)
+    engine.governor = SpecGovernor(trial=2, min_gap=64, max_gap=64, warmup=1, from_requests=4)
+    runner, calls = engine.runner, []
+    model = runner.model
+
+    def forward(batch, cache, layers):
+        calls.append((runner.speculating, list(layers)))
+        return model(batch, cache, layers)
+
+    runner.model = forward
+    seqs = engine.generate(prompts[:4], SamplingParams(max_tokens=8))
+    for seq, ref in zip(seqs, refs[:4]):
+        assert seq.output_ids == ref[:8]
+    assert calls[0] == (False, [])  # the prefill of all four: their level (4-7) starts plain

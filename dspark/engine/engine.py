@@ -193,8 +193,14 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         decodes = [s for s in self.running if s.prefilled]
         runner = self.runner
-        if self.governor is not None:  # before admission: a prompt reused in plain mode needs no taps
-            runner.speculating = self.governor.speculating(len(decodes))
+        if self.governor is not None:
+            # Before admission (a prompt reused in plain mode needs no taps), and at the load
+            # the step's requests are about to decode at: prompts that arrive together after
+            # the previous batch finished (decodes empty) belong to their own level, not to
+            # the ungoverned one of no requests, which would tap them for a drafter that
+            # the level's plain decoding will let go.
+            soon = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
+            runner.speculating = self.governor.speculating(max(len(decodes), soon))
         chunks, admitted = self._prefill_chunks()
         if not chunks and not decodes:
             return []

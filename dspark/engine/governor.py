@@ -151,6 +151,14 @@ class LoadLevel:
     #: a speculation trial below this share of plain decoding's score after `trial`
     #: scored steps ends early
     EARLY_EXIT = 0.85
+    #: speculation is chosen only when it scores at least this many times plain
+    #: decoding: when the two are level, plain decoding (the output's own pace, none of
+    #: speculation's variance) is the safe side
+    SPEC_MARGIN = 1.02
+    #: a mode's score is its runs' output over their time, each earlier run of that mode
+    #: weighed by this much less than the next: one lucky trial of bursty speculation
+    #: (lookup hits come in runs) does not outvote the runs before it
+    HISTORY = 0.5
 
     def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
         self.trial = trial
@@ -165,8 +173,9 @@ class LoadLevel:
         self._trial = False  # the current run is a trial (scored to decide)
         self._scored = 0  # scored steps of the current run
         self._run = [0.0, 0.0]  # this run's scored output (in plain-step units) and seconds
-        #: the latest run's mean efficiency of each mode (None: not measured yet)
+        #: each mode's efficiency over its recent runs (None: not measured yet)
         self.score: dict[str, float | None] = {SPEC: None, PLAIN: None}
+        self._sums = {SPEC: [0.0, 0.0], PLAIN: [0.0, 0.0]}  # decayed output, seconds per mode
         #: steps run in each mode, and the number of switches
         self.steps = {SPEC: 0, PLAIN: 0}
         self.switches = 0
@@ -196,7 +205,10 @@ class LoadLevel:
         if self._left > 0 and not self._losing_trial():
             return
         if self._run[1] > 0:
-            self.score[self.mode] = self._run[0] / self._run[1]
+            sums = self._sums[self.mode]
+            sums[0] = self.HISTORY * sums[0] + self._run[0]
+            sums[1] = self.HISTORY * sums[1] + self._run[1]
+            self.score[self.mode] = sums[0] / sums[1]
         self._run = [0.0, 0.0]
         self._next_run()
 
@@ -214,7 +226,7 @@ class LoadLevel:
         if self.score[other] is None:  # measure the other mode once first
             self._switch(other, trial=True)
             return
-        best = SPEC if self.score[SPEC] >= self.score[PLAIN] else PLAIN
+        best = SPEC if self.score[SPEC] >= self.SPEC_MARGIN * self.score[PLAIN] else PLAIN
         if self._trial:
             # a trial ended: run the winner for a gap (longer if it won before too)
             self.gap = min(2 * self.gap, self.max_gap) if best == self._last_best else self.min_gap
