@@ -50,7 +50,13 @@ at 4 / 16 / 32 requests, the same engine governed from 8 requests only 0.90x / 0
 1.06x in the same rounds: at 4 requests still below, where the level's scores put
 speculation and plain decoding within a few percent of each other and the governor
 keeps switching. With both modes scored against the fixed profile (and the prefix
-cache), a last sweep at 4 requests gave 1.08x [1.04-1.12] (docs/benchmarks/fallback.md).
+cache), a last sweep at 4 requests gave 1.08x [1.04-1.12] (docs/benchmarks/fallback.md);
+a later one, 0.91x [0.91-1.02], and engine alone 0.91x: the level chose speculation for
+38 % of its steps on trials a few points ahead by chance, and four prompts admitted
+together after their batch finished were tapped for the drafter at the ungoverned
+level of no decoding requests. A mode's score now spans its recent runs (`HISTORY`),
+speculation must lead by `SPEC_MARGIN`, and the engine asks for the level its
+requests are about to decode at: engine alone 1.02x [0.99-1.04] at 4 requests.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the
