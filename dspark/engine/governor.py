@@ -52,7 +52,7 @@ speculation and plain decoding within a few percent of each other and the govern
 keeps switching. With both modes scored against the fixed profile (and the prefix
 cache), a last sweep at 4 requests gave 1.08x [1.04-1.12] (docs/benchmarks/fallback.md);
 a later one, 0.91x [0.91-1.02], and engine alone 0.91x: the level chose speculation for
-38 % of its steps on trials a few points ahead by chance, and four prompts admitted
+31-62 % of its steps on trials a few points ahead by chance, and four prompts admitted
 together after their batch finished were tapped for the drafter at the ungoverned
 level of no decoding requests. A mode's score now spans its recent runs (`HISTORY`),
 speculation must lead by `SPEC_MARGIN`, and the engine asks for the level its
