@@ -63,8 +63,9 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: Served, interleaved: on a 2-core AMX Xeon in bf16x (fallback from 8 only) 1.39-1.50x
 #: plain decoding at one request, 1.13x at four, 0.95-1.00x at sixteen, 0.94-0.98x at 32
 #: (docs/benchmarks/fallback.md); on a 2-core AVX2-only EPYC 0.94x / 0.99x / 1.10x at
-#: 4 / 16 / 32, and 1.08x at 4 with the final scoring (docs/benchmarks/fallback.md,
-#: "Steps that speculate nothing ...")
+#: 4 / 16 / 32 (docs/benchmarks/fallback.md, "Steps that speculate nothing ..."); with
+#: the governor's decayed scores and margin, 1.20x at one request (before it) and 1.01x /
+#: 0.95x / 1.03x at 4 / 16 / 32 (docs/benchmarks/governed.md)
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 8, "plain_trials_from": 2}
 

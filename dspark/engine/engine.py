@@ -198,9 +198,10 @@ class LLMEngine:
             # the step's requests are about to decode at: prompts that arrive together after
             # the previous batch finished (decodes empty) belong to their own level, not to
             # the ungoverned one of no requests, which would tap them for a drafter that
-            # the level's plain decoding will let go.
+            # the level's plain decoding will let go. (Never fewer than the decodes: they
+            # are running, and at most max_num_seqs run.)
             soon = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
-            runner.speculating = self.governor.speculating(max(len(decodes), soon))
+            runner.speculating = self.governor.speculating(soon)
         chunks, admitted = self._prefill_chunks()
         if not chunks and not decodes:
             return []
