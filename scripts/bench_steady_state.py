@@ -26,6 +26,7 @@ the steps took; 1 is plain decoding's speed, above 1 speculation paid at that lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -41,7 +42,25 @@ CONFIGS = {
     "hybrid": HYBRID,  # without the fallback
     "fallback": dict(HYBRID, plain_fallback=True),  # the fallback at every load
     "profiled": dict(DEFAULT_SPECULATIVE, live_step_time=False),  # the step-time table as profiled
+    # the default with the governor's earlier early exit: a speculation trial at a level
+    # that starts plain ran its triple length unless it fell below EARLY_EXIT (0.85)
+    "default-exit085": DEFAULT_SPECULATIVE,
 }
+#: LoadLevel class settings a configuration runs with (restored after its run)
+GOVERNOR = {"default-exit085": {"EARLY_EXIT_PLAIN_START": 0.85}}
+
+
+@contextlib.contextmanager
+def governor_settings(name: str):
+    from dspark.engine.governor import LoadLevel
+    saved = {k: getattr(LoadLevel, k) for k in GOVERNOR.get(name, {})}
+    for k, v in GOVERNOR.get(name, {}).items():
+        setattr(LoadLevel, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(LoadLevel, k, v)
 
 
 def watch_steps(engine) -> list[dict]:
@@ -147,9 +166,10 @@ def main() -> int:
             engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=c, max_model_len=2048))
             engine.generate(prompts[:c], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
             steps = watch_steps(engine) if args.phases else None
-            t0 = time.perf_counter()
-            seqs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
-            seconds = time.perf_counter() - t0
+            with governor_settings(name):
+                t0 = time.perf_counter()
+                seqs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
+                seconds = time.perf_counter() - t0
             tps = sum(len(s.output_ids) for s in seqs) / seconds
             results[name].append(tps)
             print(f"round {r + 1}/{args.rounds} {name}: {tps:.1f} tok/s ({seconds:.0f} s)", flush=True)

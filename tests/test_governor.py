@@ -133,14 +133,19 @@ def test_where_the_step_time_curve_says_verification_is_dear_a_level_starts_plai
 def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
     """A speculation trial is three times as long as a plain one (speculation's output
     comes in bursts), but one that after `trial` scored steps runs below EARLY_EXIT of
-    plain decoding's score ends there; one merely a little behind runs its length."""
-    for eff, length in ((0.6, 8), (0.95, 24)):
-        gov = LoadLevel(8, 16, 256, 2, start=PLAIN)
-        modes = _run(gov, 16 + 2, spec_eff=eff)  # the first plain gap
-        assert set(modes) == {PLAIN}
+    plain decoding's score ends there; one merely a little behind runs its length. At
+    a level that started plain (verification dear there) a trial keeps its length only
+    while it is level with plain decoding."""
+    assert LoadLevel.EARLY_EXIT < 0.95 < LoadLevel.EARLY_EXIT_PLAIN_START <= 1.0
+    cases = ((SPEC, 0.6, 8), (SPEC, 0.95, 24), (PLAIN, 0.6, 8), (PLAIN, 0.95, 8), (PLAIN, 1.0, 24))
+    for start, eff, length in cases:
+        gov = LoadLevel(8, 16, 256, 2, start=start)
+        # the first gap (speculation first: its gap, plain's trial, plain's gap)
+        modes = _run(gov, 16 + 2 + (8 + 2 + 16 + 2 if start == SPEC else 0), spec_eff=eff)
+        assert modes[-1] == PLAIN and gov.mode == SPEC
         modes = _run(gov, 200, spec_eff=eff)
         trial = modes[: modes.index(PLAIN)]
-        assert len(trial) == 2 + length, eff  # warm-up, then the scored steps
+        assert len(trial) == 2 + length, (start, eff)  # warm-up, then the scored steps
         assert gov.score[SPEC] == pytest.approx(eff)
 
 
@@ -158,13 +163,13 @@ def test_a_score_weighs_a_modes_earlier_runs_by_history():
     """A mode's score is its runs' decayed output over their decayed time, so one lucky
     stretch moves it only part of the way."""
     gov = LoadLevel(4, 8, 8, 0, start=PLAIN)
-    modes = _run(gov, 8 + 12, spec_eff=0.9)  # the plain gap, a speculation trial (3 x 4 steps)
-    assert modes == [PLAIN] * 8 + [SPEC] * 12 and gov.score[SPEC] == pytest.approx(0.9)
+    modes = _run(gov, 8 + 12, spec_eff=1.0)  # the plain gap, a speculation trial (3 x 4 steps)
+    assert modes == [PLAIN] * 8 + [SPEC] * 12 and gov.score[SPEC] == pytest.approx(1.0)
     modes = _run(gov, 8 + 12, spec_eff=1.6)  # plain won: its gap; then a lucky speculation trial
     assert modes == [PLAIN] * 8 + [SPEC] * 12
     h = LoadLevel.HISTORY
     assert 0 < h < 1
-    assert gov.score[SPEC] == pytest.approx((h * 12 + 12) / (h * 12 / 0.9 + 12 / 1.6))
+    assert gov.score[SPEC] == pytest.approx((h * 12 + 12) / (h * 12 / 1.0 + 12 / 1.6))
     assert gov.score[SPEC] < 1.6
 
 

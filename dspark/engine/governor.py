@@ -44,7 +44,10 @@ AMX Xeon (1.07-1.13x plain decoding) and lost on an AVX2-only EPYC, where a step
 tokens costs 1.3-1.4 times one of 4 (0.87x engine alone at 4 requests, mostly prompt
 lookup tokens accepted one time in five). The default governs from 2 requests. A
 speculation trial that runs below `EARLY_EXIT` (0.85) of plain decoding's score after
-`trial` scored steps ends there rather than running its triple length. Served on that
+`trial` scored steps ends there rather than running its triple length; at a level that
+started plain (where speculation is expected to lose) it ends there unless it is level
+with plain decoding (`EARLY_EXIT_PLAIN_START`): engine alone at 16 requests, the first
+trial of such a level had run 100 of a fresh engine's ~370 steps at 0.92-0.98 of plain. Served on that
 EPYC, interleaved (three rounds), the default ran 0.94x / 0.99x / 1.10x plain decoding
 at 4 / 16 / 32 requests, the same engine governed from 8 requests only 0.90x / 0.89x /
 1.06x in the same rounds: at 4 requests still below, where the level's scores put
@@ -157,6 +160,10 @@ class LoadLevel:
     #: a speculation trial below this share of plain decoding's score after `trial`
     #: scored steps ends early
     EARLY_EXIT = 0.85
+    #: the same at a level that starts with plain decoding (verification is dear there,
+    #: so speculation is expected to lose): its trial keeps its triple length only while
+    #: it is level with plain decoding
+    EARLY_EXIT_PLAIN_START = 1.0
     #: speculation is chosen only when it scores at least this many times plain
     #: decoding: when the two are level, plain decoding (the output's own pace, none of
     #: speculation's variance) is the safe side
@@ -173,7 +180,7 @@ class LoadLevel:
         self.warmup = warmup  # steps of each run not scored (the drafter catching up)
         # the starting mode runs a whole gap first (speculation: the drafter's first
         # steps, calibration and scheduler history, are not what it does once settled)
-        self.mode = start
+        self.mode = self.start = start
         self.gap = min_gap
         self._left = min_gap + warmup  # steps left in the current run
         self._trial = False  # the current run is a trial (scored to decide)
@@ -220,12 +227,14 @@ class LoadLevel:
 
     def _losing_trial(self) -> bool:
         """A speculation trial that, after `trial` scored steps, runs below EARLY_EXIT of
-        plain decoding's latest score ends there: its longer length is for the bursts
-        that make speculation pay, and a trial this far behind costs more than it tells."""
+        plain decoding's score (EARLY_EXIT_PLAIN_START at a level that started plain)
+        ends there: its longer length is for the bursts that make speculation pay, and
+        a trial this far behind costs more than it tells."""
         if not (self._trial and self.mode == SPEC and self._scored >= self.trial and self._run[1] > 0):
             return False
         plain = self.score[PLAIN]
-        return plain is not None and self._run[0] / self._run[1] < self.EARLY_EXIT * plain
+        exit_below = self.EARLY_EXIT if self.start == SPEC else self.EARLY_EXIT_PLAIN_START
+        return plain is not None and self._run[0] / self._run[1] < exit_below * plain
 
     def _next_run(self) -> None:
         other = PLAIN if self.mode == SPEC else SPEC
