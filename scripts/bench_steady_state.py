@@ -78,7 +78,8 @@ def watch_steps(engine) -> list[dict]:
             steps.append({"s": seconds, "target": runner.last_target_seconds, "draft": runner.last_draft_seconds,
                           "select": runner.last_select_seconds, "mixed": mixed,
                           "verified": sum(lengths), "drafted": runner.last_drafted_requests,
-                          "emitted": sum(len(o.new_tokens) for o in out), "rows": len(out)})
+                          "emitted": sum(len(o.new_tokens) for o in out), "rows": len(out),
+                          "tokens": runner.last_forward_tokens, "spec": runner.speculating})
         return out
 
     engine.step = step

@@ -1,0 +1,147 @@
+"""Configurations compared step by step: one engine per configuration, all in one
+process, stepped in turn (one step of each, then again), so that the machine's drift
+falls on every configuration alike within tens of milliseconds rather than within the
+minute a served point takes.
+
+Each engine keeps --concurrency requests in flight (a finished request is replaced
+by the next prompt at once, as a client at that concurrency would), over the same
+held-out prompts, greedy, `ignore_eos`. An engine's time is the sum of its own steps'
+wall times; all do the same work (every prompt, --max-tokens tokens each), so the
+ratio of plain decoding's time to a configuration's is its speedup. With --repeats R
+the whole run is repeated R times (fresh engines each time, the order of the
+configurations rotated); the ratio is reported as the median and range over repeats.
+
+    python3 scripts/bench_lockstep.py --concurrency 16
+    python3 scripts/bench_lockstep.py --configs plain,default,default-held-plain --concurrency 4 --repeats 3
+
+`default-held-plain` is the default configuration with its governor held in plain mode
+at every load: what speculation's machinery costs when it drafts nothing (a step that
+speculates nothing should cost what a plain step costs).
+
+Stepping engines in turn shares the CPU caches between them (the target's weights are
+shared; each engine has its own KV cache): every configuration pays that alike. This
+measures the engine, not HTTP; `dspark bench sweep` measures a served point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from dspark.engine.config import DEFAULT_SPECULATIVE
+
+CONFIGS = {
+    "plain": None,
+    "default": DEFAULT_SPECULATIVE,
+    "default-held-plain": DEFAULT_SPECULATIVE,  # its governor held in plain mode (see the docstring)
+    "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
+    "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
+}
+
+
+class Lane:
+    """One configuration's engine, keeping `concurrency` requests in flight."""
+
+    def __init__(self, name, engine, prompts, params, concurrency):
+        self.name, self.engine, self.params, self.concurrency = name, engine, params, concurrency
+        self.pending = list(prompts)[::-1]
+        self.seconds = 0.0
+        self.steps = 0
+        self.tokens = 0
+        self.speculated = 0  # steps that verified at least one drafted token
+        self.seqs = []
+
+    def done(self) -> bool:
+        return not self.pending and not self.engine.has_unfinished()
+
+    def step(self) -> None:
+        e = self.engine
+        while self.pending and len(e.running) + len(e.waiting) < self.concurrency:
+            self.seqs.append(e.add_request(self.pending.pop(), self.params))
+        t = time.perf_counter()
+        out = e.step()
+        self.seconds += time.perf_counter() - t
+        self.steps += 1
+        self.tokens += sum(len(o.new_tokens) for o in out)
+        self.speculated += bool(sum(e.runner.last_verify_lengths))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="plain,default", help=f"from {', '.join(CONFIGS)}; plain among them "
+                                                                "(default: %(default)s)")
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight per engine (default: %(default)s)")
+    ap.add_argument("--num-prompts", type=int, default=64, help="held-out prompts, mixed domains (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="(default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=1, help="whole runs, fresh engines each (default: %(default)s)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if any(n not in CONFIGS for n in names) or "plain" not in names or len(set(names)) != len(names):
+        print(f"error: --configs must name plain and others from {', '.join(CONFIGS)}, each once", file=sys.stderr)
+        return 2
+    if args.concurrency < 1 or args.num_prompts < 1 or args.max_tokens < 1 or args.repeats < 1:
+        print("error: --concurrency, --num-prompts, --max-tokens and --repeats must be >= 1", file=sys.stderr)
+        return 2
+
+    from dspark.bench.dataset import heldout_prompts
+    from dspark.engine.config import SpeculativeConfig
+    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.runtime.target import Target
+    from dspark.sampling import SamplingParams
+
+    target = Target.load("default", dtype="auto", device="cpu", max_len=2048, log=print)
+    prompts = [target.tokenizer.apply_chat_template(p.chat_messages())
+               for p in heldout_prompts("mixed", args.num_prompts)]
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    runs = []
+    for rep in range(args.repeats):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        lanes = []
+        for name in order:
+            spec = SpeculativeConfig(**CONFIGS[name]) if CONFIGS[name] else None
+            engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=args.concurrency, max_model_len=2048))
+            engine.generate(prompts[: args.concurrency], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+            if name == "default-held-plain":
+                if engine.governor is None:
+                    print("error: the default configuration has no governor here (no step-time table?)",
+                          file=sys.stderr)
+                    return 1
+                engine.governor.speculating = lambda n: False
+            lanes.append(Lane(name, engine, prompts, params, args.concurrency))
+        while not all(lane.done() for lane in lanes):
+            for lane in lanes:
+                if not lane.done():
+                    lane.step()
+        run = {lane.name: {"seconds": lane.seconds, "tok_s": lane.tokens / lane.seconds, "steps": lane.steps,
+                           "speculated_steps": lane.speculated} for lane in lanes}
+        plain = run["plain"]["seconds"]
+        for name in names:
+            run[name]["x_plain"] = plain / run[name]["seconds"]
+        runs.append(run)
+        print(f"repeat {rep + 1}/{args.repeats}: " + "  ".join(
+            f"{n} {run[n]['tok_s']:.1f} tok/s x{run[n]['x_plain']:.3f} ({run[n]['speculated_steps']}/"
+            f"{run[n]['steps']} steps speculated)" for n in names), flush=True)
+        for lane in lanes:
+            if lane.engine.governor is not None and lane.name != "default-held-plain":
+                print(f"  {lane.name} governor " + json.dumps(lane.engine.governor.summary()), flush=True)
+    print(f"\n{args.num_prompts} prompts, concurrency {args.concurrency}, {args.max_tokens} tokens, "
+          f"{args.repeats} repeats, engines stepped in turn")
+    summary = {}
+    for name in names:
+        x = [r[name]["x_plain"] for r in runs]
+        summary[name] = {"x_plain_median": statistics.median(x), "x_plain_min": min(x), "x_plain_max": max(x),
+                         "tok_s": [r[name]["tok_s"] for r in runs]}
+        print(f"{name:<20} x plain {statistics.median(x):.3f} [{min(x):.3f}-{max(x):.3f}]   "
+              f"tok/s {statistics.median(summary[name]['tok_s']):.1f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args), "summary": summary, "runs": runs}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
