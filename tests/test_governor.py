@@ -9,18 +9,30 @@ import pytest
 from dspark.engine.governor import PLAIN, SPEC, LoadLevel, SpecGovernor
 
 
-def _run(gov: LoadLevel, steps: int, spec_eff, plain_eff: float = 1.0, requests: int = 16) -> list[str]:
+def _run(gov: LoadLevel, steps: int, spec_eff, plain_eff: float = 1.0, requests: int = 16,
+         spec_yield: float = 2.0) -> list[str]:
     """Feed `steps` steps whose efficiency (vs the plain reference) is `spec_eff` (a
-    number or a function of the step index) in speculative mode and `plain_eff` in
-    plain mode; returns the mode of every step."""
+    number or a function of the step index) in speculative mode, emitting `spec_yield`
+    tokens per request, and `plain_eff` in plain mode (one token per request); returns
+    the mode of every step."""
     modes = []
     plain_seconds = 0.050
     for i in range(steps):
         modes.append(gov.mode)
         eff = (spec_eff(i) if callable(spec_eff) else spec_eff) if gov.speculating else plain_eff
-        seconds = 0.050 / eff  # one token per request, at this efficiency
-        gov.record(requests, requests, seconds, plain_seconds)
+        per_request = spec_yield if gov.speculating else 1.0
+        seconds = 0.050 * per_request / eff  # these tokens, at this efficiency
+        gov.record(requests, round(requests * per_request), seconds, plain_seconds)
     return modes
+
+
+def _step(gov: SpecGovernor, r: int, eff: float) -> None:
+    """One step of `r` requests: speculating, two tokens each at efficiency `eff`;
+    plain, one token each at efficiency 1."""
+    if gov.speculating(r):
+        gov.record(r, 2 * r, 0.10 / eff, 0.05)
+    else:
+        gov.record(r, r, 0.05, 0.05)
 
 
 def test_speculation_that_loses_is_turned_off_and_rarely_retried():
@@ -64,8 +76,7 @@ def test_each_load_level_decides_for_itself():
     for _ in range(600):
         for r, eff in ((1, 1.4), (16, 0.8)):  # speculation pays alone, loses at 16
             lv = gov.level(r)
-            seconds = 0.05 / (eff if gov.speculating(r) else 1.0)
-            gov.record(r, r, seconds, 0.05)
+            _step(gov, r, eff)
     assert gov.speculating(1) and not gov.speculating(16)
     assert gov.bucket(1) == 0 and gov.bucket(3) == 1 and gov.bucket(16) == gov.bucket(31) == 4
     assert set(gov.summary()) == {"1-1", "16-31"} and gov.summary()["16-31"]["mode"] == PLAIN
@@ -82,7 +93,7 @@ def test_from_n_requests_only_the_top_levels_are_governed_and_they_start_plain()
     modes = []
     for _ in range(400):  # at 32, speculation wins: after a plain gap and a trial it runs
         modes.append(gov.level(32).mode)
-        gov.record(32, 32, 0.05 / (1.3 if gov.speculating(32) else 1.0), 0.05)
+        _step(gov, 32, 1.3)
     assert modes[:9] == [PLAIN] * 9 and gov.speculating(32)
     assert modes[200:].count(SPEC) / 200 > 0.8
     with pytest.raises(ValueError):
@@ -101,7 +112,7 @@ def test_levels_from_trials_from_are_governed_starting_with_speculation():
     for _ in range(600):  # at 2-3 requests speculation pays (1.2x), at 4-7 it loses (0.85x)
         for r, eff in ((2, 1.2), (4, 0.85)):
             modes[r].append(gov.level(r).mode)
-            gov.record(r, r, 0.05 / (eff if gov.speculating(r) else 1.0), 0.05)
+            _step(gov, r, eff)
     assert modes[2][:9] == [SPEC] * 9 and modes[4][:9] == [SPEC] * 9  # both start speculating
     assert modes[2][300:].count(SPEC) / 300 > 0.8  # where it pays, it stays
     assert modes[4][300:].count(PLAIN) / 300 > 0.8  # where it loses, plain decoding takes over
@@ -126,7 +137,7 @@ def test_where_the_step_time_curve_says_verification_is_dear_a_level_starts_plai
     modes = []
     for _ in range(400):
         modes.append(gov.level(4).mode)
-        gov.record(4, 4, 0.05 / (1.3 if gov.speculating(4) else 1.0), 0.05)
+        _step(gov, 4, 1.3)
     assert modes[:9] == [PLAIN] * 9 and modes[200:].count(SPEC) / 200 > 0.8
 
 
@@ -157,6 +168,18 @@ def test_speculation_must_beat_plain_decoding_by_a_margin():
         gov = LoadLevel(8, 16, 256, 2)
         late = _run(gov, 4000, spec_eff=eff)[1000:]
         assert late.count(want) / len(late) > 0.85, eff
+
+
+def test_speculation_that_emits_no_more_tokens_than_plain_decoding_is_never_chosen():
+    """A step that verifies drafted tokens never costs less than a plain one, so a
+    speculation run's tokens per request and step bound its gain; scored ahead of plain
+    decoding (as the machine's drift can make it, the scores being taken minutes apart)
+    but emitting no more tokens, speculation is not chosen."""
+    for spec_yield, want in ((1.0, PLAIN), (1.01, PLAIN), (1.5, SPEC)):
+        gov = LoadLevel(8, 16, 256, 2)
+        late = _run(gov, 4000, spec_eff=1.3, spec_yield=spec_yield)[1000:]
+        assert late.count(want) / len(late) > 0.85, spec_yield
+        assert gov.spec_yield == pytest.approx(round(16 * spec_yield) / 16)
 
 
 def test_a_score_weighs_a_modes_earlier_runs_by_history():

@@ -47,7 +47,13 @@ speculation trial that runs below `EARLY_EXIT` (0.85) of plain decoding's score 
 `trial` scored steps ends there rather than running its triple length; at a level that
 started plain (where speculation is expected to lose) it ends there unless it is level
 with plain decoding (`EARLY_EXIT_PLAIN_START`): engine alone at 16 requests, the first
-trial of such a level had run 100 of a fresh engine's ~370 steps at 0.92-0.98 of plain. Served on that
+trial of such a level had run 100 of a fresh engine's ~370 steps at 0.92-0.98 of plain.
+Scores are taken minutes apart, and on these machines speed drifts by more than the
+few percent they must resolve: stepped in turn with plain decoding (engine alone,
+scripts/bench_lockstep.py), DSpark alone at 4 requests kept speculation for up to 69 %
+of its steps on scores a point or two ahead while drafting in under 1 % of them (0.966x
+plain). So speculation must also have emitted `SPEC_MARGIN` tokens per request and
+step, a bound on its gain that drift does not move (0.982x). Served on that
 EPYC, interleaved (three rounds), the default ran 0.94x / 0.99x / 1.10x plain decoding
 at 4 / 16 / 32 requests, the same engine governed from 8 requests only 0.90x / 0.89x /
 1.06x in the same rounds: at 4 requests still below, where the level's scores put
@@ -172,6 +178,10 @@ class LoadLevel:
     #: weighed by this much less than the next: one lucky trial of bursty speculation
     #: (lookup hits come in runs) does not outvote the runs before it
     HISTORY = 0.5
+    #: besides its score, speculation is chosen only when its runs emitted at least
+    #: SPEC_MARGIN tokens per request and step: a step that verifies more tokens never
+    #: costs less than a plain one, so its yield bounds its gain, and this bound, unlike
+    #: the scores (taken minutes apart on a machine whose speed drifts), does not drift
 
     def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
         self.trial = trial
@@ -186,9 +196,13 @@ class LoadLevel:
         self._trial = False  # the current run is a trial (scored to decide)
         self._scored = 0  # scored steps of the current run
         self._run = [0.0, 0.0]  # this run's scored output (in plain-step units) and seconds
+        self._run_yield = [0, 0]  # this run's scored tokens emitted and request-steps
         #: each mode's efficiency over its recent runs (None: not measured yet)
         self.score: dict[str, float | None] = {SPEC: None, PLAIN: None}
         self._sums = {SPEC: [0.0, 0.0], PLAIN: [0.0, 0.0]}  # decayed output, seconds per mode
+        self._yield_sums = [0.0, 0.0]  # speculation's decayed tokens emitted and request-steps
+        #: speculation's tokens per request and step over its recent runs (None: not measured)
+        self.spec_yield: float | None = None
         #: steps run in each mode, and the number of switches
         self.steps = {SPEC: 0, PLAIN: 0}
         self.switches = 0
@@ -214,6 +228,8 @@ class LoadLevel:
             # tokens in units of a plain step's output, and the time they took
             self._run[0] += emitted * plain_seconds / num_requests
             self._run[1] += seconds
+            self._run_yield[0] += emitted
+            self._run_yield[1] += num_requests
             self._scored += 1
         if self._left > 0 and not self._losing_trial():
             return
@@ -222,7 +238,13 @@ class LoadLevel:
             sums[0] = self.HISTORY * sums[0] + self._run[0]
             sums[1] = self.HISTORY * sums[1] + self._run[1]
             self.score[self.mode] = sums[0] / sums[1]
+            if self.mode == SPEC:
+                ys = self._yield_sums
+                ys[0] = self.HISTORY * ys[0] + self._run_yield[0]
+                ys[1] = self.HISTORY * ys[1] + self._run_yield[1]
+                self.spec_yield = ys[0] / ys[1]
         self._run = [0.0, 0.0]
+        self._run_yield = [0, 0]
         self._next_run()
 
     def _losing_trial(self) -> bool:
@@ -241,7 +263,8 @@ class LoadLevel:
         if self.score[other] is None:  # measure the other mode once first
             self._switch(other, trial=True)
             return
-        best = SPEC if self.score[SPEC] >= self.SPEC_MARGIN * self.score[PLAIN] else PLAIN
+        ahead = self.score[SPEC] >= self.SPEC_MARGIN * self.score[PLAIN]
+        best = SPEC if ahead and self.spec_yield >= self.SPEC_MARGIN else PLAIN
         if self._trial:
             # a trial ended: run the winner for a gap (longer if it won before too)
             self.gap = min(2 * self.gap, self.max_gap) if best == self._last_best else self.min_gap
@@ -257,8 +280,9 @@ class LoadLevel:
         self.mode = mode
         self._trial = trial
         self._scored = 0
+        self._run_yield = [0, 0]
         self._left = (self._trial_length() if trial else self.gap) + self.warmup
 
     def summary(self) -> dict:
-        return {"mode": self.mode, "score": dict(self.score), "steps": dict(self.steps), "switches": self.switches,
-                "gap": self.gap}
+        return {"mode": self.mode, "score": dict(self.score), "spec_yield": self.spec_yield,
+                "steps": dict(self.steps), "switches": self.switches, "gap": self.gap}
