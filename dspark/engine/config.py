@@ -66,7 +66,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: 4 / 16 / 32 (docs/benchmarks/fallback.md, "Steps that speculate nothing ..."); with
 #: the governor's decayed scores and margin, 1.20x at one request (before it) and 1.01x /
 #: 0.95x / 1.03x at 4 / 16 / 32 (docs/benchmarks/governed.md); engine alone, stepped in
-#: turn with plain decoding, 0.966x / 0.996x / 0.986x at 4 / 16 / 32
+#: turn with plain decoding, 1.19x / 0.966x / 0.984x / 0.997x at 1 / 4 / 16 / 32
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 8, "plain_trials_from": 2}
 
