@@ -52,7 +52,6 @@ class Lane:
         self.steps = 0
         self.tokens = 0
         self.speculated = 0  # steps that verified at least one drafted token
-        self.seqs = []
 
     def done(self) -> bool:
         return not self.pending and not self.engine.has_unfinished()
@@ -60,7 +59,7 @@ class Lane:
     def step(self) -> None:
         e = self.engine
         while self.pending and len(e.running) + len(e.waiting) < self.concurrency:
-            self.seqs.append(e.add_request(self.pending.pop(), self.params))
+            e.add_request(self.pending.pop(), self.params)
         t = time.perf_counter()
         out = e.step()
         self.seconds += time.perf_counter() - t

@@ -175,11 +175,11 @@ def test_speculation_that_emits_no_more_tokens_than_plain_decoding_is_never_chos
     speculation run's tokens per request and step bound its gain; scored ahead of plain
     decoding (as the machine's drift can make it, the scores being taken minutes apart)
     but emitting no more tokens, speculation is not chosen."""
-    for spec_yield, want in ((1.0, PLAIN), (1.01, PLAIN), (1.5, SPEC)):
+    for spec_yield, want in ((1.0, PLAIN), (1.01, PLAIN), (1.5, SPEC)):  # SPEC_MARGIN 1.02
         gov = LoadLevel(8, 16, 256, 2)
-        late = _run(gov, 4000, spec_eff=1.3, spec_yield=spec_yield)[1000:]
+        late = _run(gov, 4000, spec_eff=1.3, requests=100, spec_yield=spec_yield)[1000:]
         assert late.count(want) / len(late) > 0.85, spec_yield
-        assert gov.spec_yield == pytest.approx(round(16 * spec_yield) / 16)
+        assert gov.spec_yield == pytest.approx(spec_yield)
 
 
 def test_a_score_weighs_a_modes_earlier_runs_by_history():

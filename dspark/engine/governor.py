@@ -195,14 +195,12 @@ class LoadLevel:
         self._left = min_gap + warmup  # steps left in the current run
         self._trial = False  # the current run is a trial (scored to decide)
         self._scored = 0  # scored steps of the current run
-        self._run = [0.0, 0.0]  # this run's scored output (in plain-step units) and seconds
-        self._run_yield = [0, 0]  # this run's scored tokens emitted and request-steps
+        #: this run's scored output (in plain-step units), seconds, tokens emitted and
+        #: request-steps
+        self._run = [0.0, 0.0, 0.0, 0.0]
         #: each mode's efficiency over its recent runs (None: not measured yet)
         self.score: dict[str, float | None] = {SPEC: None, PLAIN: None}
-        self._sums = {SPEC: [0.0, 0.0], PLAIN: [0.0, 0.0]}  # decayed output, seconds per mode
-        self._yield_sums = [0.0, 0.0]  # speculation's decayed tokens emitted and request-steps
-        #: speculation's tokens per request and step over its recent runs (None: not measured)
-        self.spec_yield: float | None = None
+        self._sums = {SPEC: [0.0] * 4, PLAIN: [0.0] * 4}  # the same per mode, decayed over its runs
         #: steps run in each mode, and the number of switches
         self.steps = {SPEC: 0, PLAIN: 0}
         self.switches = 0
@@ -228,23 +226,16 @@ class LoadLevel:
             # tokens in units of a plain step's output, and the time they took
             self._run[0] += emitted * plain_seconds / num_requests
             self._run[1] += seconds
-            self._run_yield[0] += emitted
-            self._run_yield[1] += num_requests
+            self._run[2] += emitted
+            self._run[3] += num_requests
             self._scored += 1
         if self._left > 0 and not self._losing_trial():
             return
         if self._run[1] > 0:
             sums = self._sums[self.mode]
-            sums[0] = self.HISTORY * sums[0] + self._run[0]
-            sums[1] = self.HISTORY * sums[1] + self._run[1]
+            sums[:] = [self.HISTORY * a + b for a, b in zip(sums, self._run)]
             self.score[self.mode] = sums[0] / sums[1]
-            if self.mode == SPEC:
-                ys = self._yield_sums
-                ys[0] = self.HISTORY * ys[0] + self._run_yield[0]
-                ys[1] = self.HISTORY * ys[1] + self._run_yield[1]
-                self.spec_yield = ys[0] / ys[1]
-        self._run = [0.0, 0.0]
-        self._run_yield = [0, 0]
+        self._run = [0.0] * 4
         self._next_run()
 
     def _losing_trial(self) -> bool:
@@ -257,6 +248,13 @@ class LoadLevel:
         plain = self.score[PLAIN]
         exit_below = self.EARLY_EXIT if self.start == SPEC else self.EARLY_EXIT_PLAIN_START
         return plain is not None and self._run[0] / self._run[1] < exit_below * plain
+
+    @property
+    def spec_yield(self) -> float | None:
+        """Speculation's tokens per request and step over its recent runs (None: not
+        measured yet)."""
+        s = self._sums[SPEC]
+        return s[2] / s[3] if s[3] > 0 else None
 
     def _next_run(self) -> None:
         other = PLAIN if self.mode == SPEC else SPEC
@@ -280,7 +278,6 @@ class LoadLevel:
         self.mode = mode
         self._trial = trial
         self._scored = 0
-        self._run_yield = [0, 0]
         self._left = (self._trial_length() if trial else self.gap) + self.warmup
 
     def summary(self) -> dict:
