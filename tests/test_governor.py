@@ -151,13 +151,32 @@ def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
     cases = ((SPEC, 0.6, 8), (SPEC, 0.95, 24), (PLAIN, 0.6, 8), (PLAIN, 0.95, 8), (PLAIN, 1.0, 24))
     for start, eff, length in cases:
         gov = LoadLevel(8, 16, 256, 2, start=start)
-        # the first gap (speculation first: its gap, plain's trial, plain's gap)
-        modes = _run(gov, 16 + 2 + (8 + 2 + 16 + 2 if start == SPEC else 0), spec_eff=eff)
+        # the first gap (speculation first: its gap, plain's trial, plain's gap; plain
+        # first: its longer first gap, PLAIN_START_GAPS x 16)
+        modes = _run(gov, 16 + 2 + 8 + 2 + 16 + 2 if start == SPEC else 64 + 2, spec_eff=eff)
         assert modes[-1] == PLAIN and gov.mode == SPEC
         modes = _run(gov, 200, spec_eff=eff)
         trial = modes[: modes.index(PLAIN)]
         assert len(trial) == 2 + length, (start, eff)  # warm-up, then the scored steps
         assert gov.score[SPEC] == pytest.approx(eff)
+
+
+def test_a_level_that_starts_plain_waits_longer_for_its_first_trial():
+    """Where verification is dear (a level that starts plain), the first gap is
+    PLAIN_START_GAPS times the shortest, as if plain decoding had won that many trials
+    already: a burst shorter than that never pays for a trial; a losing trial doubles
+    the gap from there, and a winning one hands speculation the level as usual."""
+    k = LoadLevel.PLAIN_START_GAPS
+    assert k > 1
+    gov = LoadLevel(8, 16, 1024, 2, start=PLAIN)
+    modes = _run(gov, 16 * k + 2 + 30, spec_eff=0.7)  # the gap, then one trial (at most 2 + 24 steps)
+    assert modes[: 16 * k + 2] == [PLAIN] * (16 * k + 2) and modes[16 * k + 2] == SPEC
+    assert gov.gap == 2 * 16 * k  # plain won again: the gap doubled from the longer one
+    assert LoadLevel(8, 16, 32, 2, start=PLAIN).gap == 32  # never past max_gap
+    assert LoadLevel(8, 16, 1024, 2).gap == 16  # a level that starts speculating: the shortest
+    win = LoadLevel(8, 16, 1024, 2, start=PLAIN)
+    modes = _run(win, 16 * k + 2 + 26 + 400, spec_eff=1.4)
+    assert modes[-300:].count(SPEC) / 300 > 0.8
 
 
 def test_speculation_must_beat_plain_decoding_by_a_margin():

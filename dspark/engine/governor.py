@@ -34,7 +34,9 @@ requests, steps of 16-31 requests ran at 0.89 of plain decoding's efficiency whi
 speculating; served at 16 requests, whose running count dips below 16 between
 requests, governing from 16 left 0.91-0.94x plain and from 8 0.95-1.00x. A
 speculation trial still runs after every gap, so a workload where it wins there
-(long copies from the prompt) gets it back.
+(long copies from the prompt) gets it back; a level that starts plain runs its first
+gap at `PLAIN_START_GAPS` (4) times the shortest, as if plain decoding had won that
+often already, since its first trial is its dearest.
 
 Below that, `"plain_trials_from": M` governs the levels from M requests up too. Each
 such level starts with speculation where the step-time table says verification is
@@ -174,6 +176,12 @@ class LoadLevel:
     #: decoding: when the two are level, plain decoding (the output's own pace, none of
     #: speculation's variance) is the safe side
     SPEC_MARGIN = 1.02
+    #: a level that starts plain (verification is dear there: the prior says speculation
+    #: loses) runs its first gap this many times `min_gap`, as if plain decoding had won
+    #: that many trials already: the first trial is the dearest (engine alone at 16 and 32
+    #: requests, bursts of 200-400 steps lost 1-3 % to it), and once settled a level
+    #: tries speculation every `max_gap` steps either way
+    PLAIN_START_GAPS = 4
     #: a mode's score is its runs' output over their time, each earlier run of that mode
     #: weighed by this much less than the next: one lucky trial of bursty speculation
     #: (lookup hits come in runs) does not outvote the runs before it
@@ -191,8 +199,8 @@ class LoadLevel:
         # the starting mode runs a whole gap first (speculation: the drafter's first
         # steps, calibration and scheduler history, are not what it does once settled)
         self.mode = self.start = start
-        self.gap = min_gap
-        self._left = min_gap + warmup  # steps left in the current run
+        self.gap = min_gap if start == SPEC else min(self.PLAIN_START_GAPS * min_gap, max_gap)
+        self._left = self.gap + warmup  # steps left in the current run
         self._trial = False  # the current run is a trial (scored to decide)
         self._scored = 0  # scored steps of the current run
         #: this run's scored output (in plain-step units), seconds, tokens emitted and
@@ -204,7 +212,7 @@ class LoadLevel:
         #: steps run in each mode, and the number of switches
         self.steps = {SPEC: 0, PLAIN: 0}
         self.switches = 0
-        self._last_best: str | None = None
+        self._last_best: str | None = None if start == SPEC else PLAIN  # plain's prior win (PLAIN_START_GAPS)
 
     @property
     def speculating(self) -> bool:
