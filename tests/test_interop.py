@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 from dspark.drafters import DraftRequest, DrafterCheckpointError, create_drafter, load_drafter, save_drafter
-from dspark.drafters.interop import detect_layout, export_drafter
+from dspark.drafters.export import export_drafter
+from dspark.drafters.interop import detect_layout
 from dspark.sampling import SamplingParams
 from test_drafters import scramble, target_hidden
 from test_train import TINY_VOCAB, tiny_dir, tiny_target  # noqa: F401  (shared fixtures)
@@ -173,6 +174,24 @@ def test_export_cli(tiny_dir, tiny_target, tmp_path, capsys):
     assert "wrote deepspec drafter" in capsys.readouterr().out
     assert main(["export", str(src), "--to", "eagle3", str(tmp_path / "x"), "--model", str(tiny_dir)]) == 2
     assert "holds Eagle3 drafters, not dspark" in capsys.readouterr().err
+
+
+def test_a_llama_cpp_export_that_taps_the_last_layer_warns(tiny_dir, tiny_target, tmp_path, capsys):
+    """llama-server reads tap i as the input of layer i + 1, which its llama/qwen graphs
+    do not keep past the last layer: exporting a block drafter that taps the last layer
+    to llama.cpp says so (the export itself succeeds); one that taps below it is quiet."""
+    from dspark.cli.main import main
+
+    last = tiny_target.cfg.num_layers - 1
+    tapping = save_drafter(make("dspark", tiny_target, target_layer_ids=[0, last]), tmp_path / "last")
+    below = save_drafter(make("dspark", tiny_target, target_layer_ids=[0, last - 1]), tmp_path / "below")
+    assert main(["export", str(tapping), "--to", "llama.cpp", str(tmp_path / "o1"), "--model", str(tiny_dir)]) == 0
+    err = capsys.readouterr().err
+    assert f"taps the target's last layer ({last})" in err and "draft-dspark" in err
+    assert main(["export", str(below), "--to", "llama.cpp", str(tmp_path / "o2"), "--model", str(tiny_dir)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["export", str(tapping), "--to", "speculators", str(tmp_path / "o3"), "--model", str(tiny_dir)]) == 0
+    assert "warning" not in capsys.readouterr().err  # only llama.cpp's reader is known not to serve it
 
 
 # --- synthetic checkpoints in each layout's documented names ---------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import add_model_args
 
@@ -56,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dspark.drafters.interop import export_drafter
+    from dspark.drafters.export import export_caveats, export_drafter
     from dspark.errors import UserError
 
     from .common import load_target
@@ -69,4 +70,6 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args)
     path = export_drafter(src, args.fmt, out, target=target)
     print(f"wrote {args.fmt} drafter to {path}")
+    for note in export_caveats(src, args.fmt):
+        print(f"warning: {note}", file=sys.stderr)
     return 0

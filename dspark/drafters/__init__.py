@@ -13,7 +13,7 @@ from .checkpoint import DrafterCheckpointError, load_drafter, save_drafter
 from .config import DrafterConfig, DrafterConfigError
 from .dspark import DSparkDrafter
 from .factory import create_drafter
-from .interop import export_drafter
+from .export import export_drafter
 from .ngram import NgramDrafter
 
 __all__ = [
