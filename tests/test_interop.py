@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from dspark.drafters import DraftRequest, DrafterCheckpointError, create_drafter, load_drafter, save_drafter
-from dspark.drafters.export import export_drafter
+from dspark.drafters.export import export_caveats, export_drafter
 from dspark.drafters.interop import detect_layout
 from dspark.sampling import SamplingParams
 from test_drafters import scramble, target_hidden
@@ -192,6 +192,13 @@ def test_a_llama_cpp_export_that_taps_the_last_layer_warns(tiny_dir, tiny_target
     assert "warning" not in capsys.readouterr().err
     assert main(["export", str(tapping), "--to", "speculators", str(tmp_path / "o3"), "--model", str(tiny_dir)]) == 0
     assert "warning" not in capsys.readouterr().err  # only llama.cpp's reader is known not to serve it
+    # an external checkpoint that does not say how many layers its target has: the
+    # target's count decides, not its highest tap
+    ext = export_drafter(below, "deepspec", tmp_path / "ext")
+    raw = json.loads((ext / "config.json").read_text())
+    del raw["num_target_layers"]
+    (ext / "config.json").write_text(json.dumps(raw))
+    assert export_caveats(ext, "llama.cpp", target=tiny_target) == []
 
 
 # --- synthetic checkpoints in each layout's documented names ---------------------------------

@@ -70,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args)
     path = export_drafter(src, args.fmt, out, target=target)
     print(f"wrote {args.fmt} drafter to {path}")
-    for note in export_caveats(src, args.fmt):
+    for note in export_caveats(src, args.fmt, target=target):
         print(f"warning: {note}", file=sys.stderr)
     return 0

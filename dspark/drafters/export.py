@@ -59,13 +59,15 @@ def export_drafter(drafter_dir: str | Path, fmt: str, out_dir: str | Path, targe
     return out
 
 
-def export_caveats(drafter_dir: str | Path, fmt: str) -> list[str]:
+def export_caveats(drafter_dir: str | Path, fmt: str, target=None) -> list[str]:
     """What a known reader of layout `fmt` does not serve in the drafter at `drafter_dir`
     (the export itself is valid): warnings for the user, not errors, since another
-    build or target architecture of that reader may serve it."""
+    build or target architecture of that reader may serve it. `target` as for
+    `export_drafter` (an external checkpoint may not say how many layers its target has)."""
     from .checkpoint import read_layout
+    from .target_parts import TargetParts
 
-    _, cfg = read_layout(Path(drafter_dir), None)
+    _, cfg = read_layout(Path(drafter_dir), TargetParts.of(target).cfg.num_layers if target is not None else None)
     notes = []
     last = cfg.num_target_layers - 1
     if fmt == "llama.cpp" and cfg.method in ("dspark", "dflash") and last in cfg.target_layer_ids:
