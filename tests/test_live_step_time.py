@@ -46,7 +46,7 @@ def test_a_step_between_two_counts_is_shared_and_the_curve_stays_non_decreasing(
     curve = LiveCurve([10, 20], [100.0, 100.0])
     for _ in range(100):
         curve.observe(12.5, 50.0)  # weights 0.75 / 0.25, both pulled toward 0.5x
-    assert curve.weight.tolist() == pytest.approx([75.0, 25.0])
+    assert list(curve.weight) == pytest.approx([75.0, 25.0])
     assert curve.ratio()[0] == pytest.approx(0.5, rel=1e-3)
     assert curve.ratio()[1] == pytest.approx(0.5, rel=1e-3)
     for _ in range(100):
@@ -218,6 +218,7 @@ def test_the_engine_feeds_the_live_table_and_stays_exact(greedy_case):  # noqa: 
     # what the engine measured is what the table now says, where the engine ran
     seen = engine.runner.last_forward_tokens
     assert table.target_time(seen) != pytest.approx(0.030)
+    live.fold()  # the steps since the last publication, queued
     assert live.target.fresh()[int(np.searchsorted(live.target.counts, seen))]
     # the watch compares against the profile as it was, not the live curve
     assert engine.step_watch.table is not table and engine.step_watch.table.target_time(8) == pytest.approx(0.030)
@@ -228,3 +229,25 @@ def test_the_engine_feeds_the_live_table_and_stays_exact(greedy_case):  # noqa: 
 
 
 from test_speculative import greedy_case, tiny_target  # noqa: E402,F401  (fixtures)
+
+
+def test_queued_steps_publish_the_curves_that_folding_each_step_would():
+    """`record` queues a step and folds the queue only when it publishes: the table
+    must read exactly the curve that observing every step at once gives."""
+    table = StepTimeTable.synthetic(max_tokens=64)
+    reference = StepTimeTable.synthetic(max_tokens=64)
+    live = LiveStepTime(table, window=4, publish_every=3)
+    curve = LiveCurve(reference.token_counts, reference.step_ms, window=4)
+    rng = np.random.default_rng(0)
+    for step in range(40):
+        n = int(rng.integers(1, 64))
+        seconds = float(rng.uniform(0.005, 0.05))
+        live.record(n, seconds)
+        curve.observe(n, seconds * 1000.0)
+        if live._unpublished == 0:  # just published
+            assert not live._queue
+            assert table.target_times(np.array([1.0, 8.0, 33.0])).tolist() == pytest.approx(
+                np.interp([1.0, 8.0, 33.0], reference.token_counts, curve.ms()) / 1000.0)
+        else:
+            assert len(live._queue) == live._unpublished
+    assert live.steps == 40

@@ -201,7 +201,10 @@ class LLMEngine:
             # the level's plain decoding will let go. (Never fewer than the decodes: they
             # are running, and at most max_num_seqs run.)
             soon = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
+            was = runner.speculating
             runner.speculating = self.governor.speculating(soon)
+            if runner.speculating and not was and self.live_table is not None:
+                self.live_table.publish()  # plain-mode steps were recorded unpublished
         chunks, admitted = self._prefill_chunks()
         if not chunks and not decodes:
             return []
@@ -216,7 +219,8 @@ class LLMEngine:
         if not chunks and decodes:
             if self.live_table is not None:
                 self.live_table.record(runner.last_forward_tokens, runner.last_target_seconds,
-                                       runner.last_drafted_requests, runner.last_draft_seconds)
+                                       runner.last_drafted_requests, runner.last_draft_seconds,
+                                       publish=runner.speculating)
                 self.live_table.record_outside(len(decodes), runner.last_speculated,
                                                seconds - runner.last_target_seconds - runner.last_draft_seconds,
                                                runner.last_select_seconds)

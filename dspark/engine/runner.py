@@ -269,7 +269,8 @@ class SpecRunner:
         if not self.speculating and self.feed is not None:
             # plain decoding by the fallback's call: no taps; these requests let the drafter go
             taps = []
-            self.feed.let_go([s.request_id for s in decodes + [p[0] for p in prefills] if s.speculate])
+            self.feed.let_go([s.request_id for s in decodes + [p[0] for p in prefills]
+                              if s.speculate and s.request_id not in self.contextless])
         t1 = time.perf_counter()
         logits, hidden = self.model(batch, self.cache, taps)
         self.last_target_seconds = time.perf_counter() - t1
@@ -346,6 +347,8 @@ class SpecRunner:
         advanced, the drafter fed the accepted tokens' hidden states. A prompt chunk
         that is not its prompt's last emits nothing."""
         emitted: dict[object, list[int]] = {}
+        # a plain-mode step let every request's drafter context go (`ContextFeed.let_go`)
+        feeding = self.feed is not None and self.speculating
         ctx_ids, ctx_tokens, ctx_starts, ctx_rows = [], [], [], []
         r = 0  # index into the verification result: decodes, then prompts' last chunks
         for i, s in enumerate(decodes + [p[0] for p in prefills]):
@@ -365,7 +368,7 @@ class SpecRunner:
                 if self.prefix is not None and end == len(s.prompt_ids):
                     tapped = hidden is not None and hidden.shape[1] > 0  # a plain-mode step taps nothing
                     self._keep_prompt(s, start, hidden[first: first + len(kept)] if tapped else None)
-            if s.speculate:
+            if feeding and s.speculate:
                 ctx_starts.append(ctx_start)
                 ctx_ids.append(s.request_id)
                 ctx_tokens.append(kept)
@@ -376,7 +379,7 @@ class SpecRunner:
                 s.num_steps += 1
                 s.anchor = out[-1]
                 emitted[s.request_id] = out
-        if self.feed is not None:
+        if feeding:
             self.feed.stash(ctx_ids, ctx_tokens, ctx_starts, ctx_rows, hidden)
         return emitted
 
