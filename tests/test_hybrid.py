@@ -349,3 +349,29 @@ def test_a_request_whose_drafted_tokens_fail_shows_lower_survivals_and_the_same_
     assert out.confidence[0, 0] == pytest.approx(0.9)  # a lookup position: the lookup trust's business
     assert (out.confidence[0, 1:] < 0.4).all() and (out.confidence[1] > 0.5).all()
     assert torch.equal(out.tokens, torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]]))
+
+
+def test_trust_scaling_up_by_odds_keeps_confidences_apart_below_the_cap():
+    """`odds_up`: a request on a run of hits raises its confidences' odds, so they stay
+    ordered and below the cap, where linear scaling sends them all to the cap; a factor
+    below 1 scales linearly either way."""
+    from dspark.drafters.hybrid import RequestTrust
+
+    linear, odds = RequestTrust(), RequestTrust()
+    odds.odds_up = True
+    for trust in (linear, odds):
+        for _ in range(20):
+            trust.observe("copy", [0.6, 0.6, 0.6], verified=3, accepted=3)
+    f = odds.factor("copy")
+    assert f > 1.5 and f == pytest.approx(linear.factor("copy"))
+    assert linear.adjust("copy", [0.7, 0.9]) == [RequestTrust.cap, RequestTrust.cap]
+    f = odds.factor("copy")
+    up = odds.adjust("copy", [0.7, 0.9])
+    assert up[0] < up[1] < RequestTrust.cap
+    assert up[0] == pytest.approx(0.7 * f / (0.3 + 0.7 * f), rel=0.02)
+    down = RequestTrust()
+    down.odds_up = True
+    for _ in range(20):
+        down.observe("essay", [0.8], verified=1, accepted=0)
+    g = down.factor("essay")
+    assert g < 0.5 and down.adjust("essay", [0.8]) == [pytest.approx(0.8 * g)]
