@@ -394,3 +394,35 @@ def test_async_skips_the_drafter_while_it_does_not_pay_and_probes():
     assert free.should_draft(2, 4)
     with pytest.raises(ScheduleError, match="probe_every"):
         DSparkAsync(table, probe_every=-1)
+
+
+def test_a_step_is_priced_with_the_requests_and_prompt_tokens_that_verify_nothing():
+    """Four requests' drafts in a step that also carries twelve requests verifying nothing:
+    on a curve flat to 16 tokens and steep after, the drafts are nearly free for four
+    requests alone and not worth verifying in the whole step; prompt tokens in the
+    same forward count the same way. Every pricing policy, and lookup's."""
+    from dspark.schedule.policies import free_lengths
+
+    table = StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=0.625, max_tokens=256)
+    s = np.full((4, 2), 0.6)  # 8 entries at survival 0.6
+    assert sum(free_lengths(s, table)) == 8  # 4 + 8 tokens: still on the flat part
+    assert sum(free_lengths(s, table, others=12)) == 0  # 16 + B: each token 6 % of a step for 0.6
+    # a prompt chunk places the drafts past the knee but is not charged to them: four
+    # decoding requests still gain from drafts at 0.6 (0.96 tokens a ms against 0.4)
+    assert sum(free_lengths(s, table, other_tokens=12)) == 8
+    assert sum(free_lengths(np.full((4, 2), 0.2), table)) == 8
+    assert sum(free_lengths(np.full((4, 2), 0.2), table, other_tokens=12)) == 0  # 0.32 a ms
+    assert sum(DSparkSync(table).choose(s)) == 8
+    assert sum(DSparkSync(table).choose(s, others=12)) == 0
+    lagged = DSparkAsync(table, lag=1)
+    lagged.choose(s)  # the lag's step
+    assert lagged.budget(4, 2) == 8 and lagged.budget(4, 2, others=12) == 0
+    assert sum(lagged.choose(s, others=12)) == 0
+    # four others keep the step on the flat part: the drafts are free again
+    assert sum(free_lengths(s, table, others=4)) == 8
+    # the overhead of speculating is the whole step's load level, and only when verifying
+    table.set_spec_overhead(16, 0.004)
+    assert table.admission_times(np.array([16, 17]), 4, drafted=False, others=12).tolist() == pytest.approx(
+        [0.010, 0.010625 + 0.004])
+    assert table.admission_times(np.array([16, 18]), 4, drafted=False, other_tokens=12).tolist() == pytest.approx(
+        [0.010, 0.01125])  # T(4) then what 2 tokens add past 16; the overhead of 4 requests' level: none measured

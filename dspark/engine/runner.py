@@ -168,7 +168,8 @@ class SpecRunner:
         log.warning("drafter fault in %s%s; affected requests decode without speculation", where,
                     f" ({detail})" if detail else "", exc_info=not detail)
 
-    def _verify_lengths(self, decodes: list[Sequence]) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+    def _verify_lengths(self, decodes: list[Sequence],
+                        prefill_tokens: int = 0) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
         """Draft and choose every decode's verification length. The drafter drafts the
         rows the policy and the per-request gate let through; with hybrid drafting the
         other rows get prompt lookup alone (no drafter time), and a step with lookup
@@ -234,7 +235,10 @@ class SpecRunner:
         else:
             survival = torch.ones(len(order), g)
         table = getattr(self.policy, "table", None)
-        chosen = self.policy.choose(survival) if rows or table is None else free_lengths(survival, table)
+        # priced on the whole forward: the decodes verifying nothing and the prompt chunks too
+        others = len(decodes) - len(order)
+        chosen = (self.policy.choose(survival, others, prefill_tokens) if rows or table is None
+                  else free_lengths(survival, table, others, prefill_tokens))
         lengths = [0] * len(decodes)
         for j, i in enumerate(order):
             s = decodes[i]
@@ -256,7 +260,7 @@ class SpecRunner:
         flat batch, one target forward, verify, commit (cache, sequences, drafter
         context)."""
         t0 = time.perf_counter()
-        lengths, draft_tokens, draft_logits = self._verify_lengths(decodes)
+        lengths, draft_tokens, draft_logits = self._verify_lengths(decodes, sum(end - start for _, start, end in prefills))
         chosen = time.perf_counter() - t0
         # the drafter's own call (its live curve); lookup, the policy and merging are speculation's overhead
         self.last_draft_seconds = self._draft_seconds if self._num_drafted else 0.0

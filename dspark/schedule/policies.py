@@ -82,7 +82,15 @@ def _lengths(rows_in_order: np.ndarray, num_admitted: int, num_requests: int) ->
 
 class VerifyLengthPolicy:
     """Picks L_i for every request of a step. `choose` is called once per decode step
-    with the [R, G] survival matrix of that step's drafts."""
+    with the [R, G] survival matrix of that step's drafts.
+
+    The same forward may carry more: `others` requests that verify nothing (left out
+    of drafting and lookup: one token in, one out each) and `other_tokens` tokens of
+    prompt chunks. The policies that price tokens by step time price the whole step:
+    a drafted token costs what it adds to a forward of all of them, not to a forward
+    of the R requests alone (on a curve that is flat up to 8 tokens and steep after
+    16, pricing 8 looked-up requests of a 16-request step at T(8 + B) made their
+    tokens look nearly free, and speculation ran 0.85x plain at 16 requests)."""
 
     name: str = ""
     #: True when the last `should_draft` said yes only to re-measure survival (the
@@ -92,7 +100,7 @@ class VerifyLengthPolicy:
     #: confidence head may then pass any [R, G] array (e.g. `torch.empty(R, G)`).
     needs_confidence: bool = True
 
-    def choose(self, survival: SurvivalLike) -> list[int]:
+    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
         raise NotImplementedError
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
@@ -111,7 +119,7 @@ class NoSpeculation(VerifyLengthPolicy):
     name = "none"
     needs_confidence = False
 
-    def choose(self, survival: SurvivalLike) -> list[int]:
+    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
         num_requests, _ = _shape(survival)
         return [0] * num_requests
 
@@ -127,7 +135,7 @@ class FixedLength(VerifyLengthPolicy):
             raise ScheduleError(f"the fixed verification length must be a non-negative integer, got {gamma!r}")
         self.gamma = gamma
 
-    def choose(self, survival: SurvivalLike) -> list[int]:
+    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
         num_requests, num_drafted = _shape(survival)
         length = num_drafted if self.gamma is None else min(self.gamma, num_drafted)
         return [length] * num_requests
@@ -150,7 +158,7 @@ class ConfidenceThreshold(VerifyLengthPolicy):
             raise ScheduleError(f"the confidence threshold must be a probability in [0, 1], got {tau!r}")
         self.tau = float(tau)
 
-    def choose(self, survival: SurvivalLike) -> list[int]:
+    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
         s = as_survival(survival)  # [R, G]
         return (s >= self.tau).sum(axis=1).tolist()
 
@@ -190,15 +198,16 @@ class DSparkSync(VerifyLengthPolicy):
     def __init__(self, table: StepTimeTable) -> None:
         self.table = _check_table(table, self.name)
 
-    def choose(self, survival: SurvivalLike) -> list[int]:
+    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
         s = as_survival(survival)  # [R, G]
         num_requests, num_drafted = s.shape
         if num_requests == 0 or num_drafted == 0:
             return [0] * num_requests
         rows, gains = _admission_order(s)  # [R*G], [R*G]
-        expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
-        n_tokens = num_requests + np.arange(gains.size + 1)  # [R*G+1]
-        rate = expected / self.table.admission_times(n_tokens, num_requests)  # [R*G+1]
+        expected = num_requests + others + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
+        n_tokens = num_requests + others + other_tokens + np.arange(gains.size + 1)  # [R*G+1]
+        rate = expected / self.table.admission_times(n_tokens, num_requests, others=others,
+                                                     other_tokens=other_tokens)  # [R*G+1]
         # J is evaluated at every prefix at once, but only the first drop decides
         improves = rate[1:] > rate[:-1]  # [R*G]
         num_admitted = gains.size if improves.all() else int(improves.argmin())
@@ -281,19 +290,22 @@ class DSparkAsync(VerifyLengthPolicy):
         self._probe_gap = self.probe_every
         self._rates_cache = None
 
-    def _rates(self, num_requests: int, num_drafted: int) -> np.ndarray:
+    def _rates(self, num_requests: int, num_drafted: int, others: int = 0, other_tokens: int = 0) -> np.ndarray:
         """Expected tokens per second at every budget 0..R*G, drafter cost included,
-        from the step `lag` back (which must exist). `should_draft` and `budget` of one
-        step ask for the same rates; they are computed once."""
-        key, lagged = (num_requests, num_drafted, self.table.version), self._lagged(num_drafted)
+        from the step `lag` back (which must exist), for a step that also carries
+        `others` requests and `other_tokens` prompt tokens. `should_draft` and `budget`
+        of one step ask for the same rates; they are computed once."""
+        key = (num_requests, num_drafted, others, other_tokens, self.table.version)
+        lagged = self._lagged(num_drafted)
         if self._rates_cache is not None and self._rates_cache[0] == key and self._rates_cache[1] is lagged:
             return self._rates_cache[2]
         cum_gain, lagged_requests = lagged  # [R'*G'+1], R'
         budgets = np.arange(num_requests * num_drafted + 1)  # [R*G+1]
         entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
         per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
-        expected = num_requests * (1.0 + per_request)
-        rates = expected / self.table.admission_times(num_requests + budgets, num_requests)
+        expected = num_requests * (1.0 + per_request) + others
+        rates = expected / self.table.admission_times(num_requests + others + other_tokens + budgets, num_requests,
+                                                      others=others, other_tokens=other_tokens)
         self._rates_cache = (key, lagged, rates)
         return rates
 
@@ -309,11 +321,12 @@ class DSparkAsync(VerifyLengthPolicy):
     def _warming(self) -> bool:
         return len(self._history) < self.lag and self.warmup_length is not None
 
-    def budget(self, num_requests: int, num_drafted: int) -> int:
-        """B for a step of `num_requests` x `num_drafted`, from the step `lag` back."""
+    def budget(self, num_requests: int, num_drafted: int, others: int = 0, other_tokens: int = 0) -> int:
+        """B for a step of `num_requests` x `num_drafted` (and `others`, `other_tokens`:
+        see `VerifyLengthPolicy`), from the step `lag` back."""
         if self._warming():
             return num_requests * min(self.warmup_length, num_drafted)
-        return int(self._rates(num_requests, num_drafted).argmax())  # first maximum: the cheapest
+        return int(self._rates(num_requests, num_drafted, others, other_tokens).argmax())  # first maximum: the cheapest
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
         self.probing = False
@@ -333,12 +346,12 @@ class DSparkAsync(VerifyLengthPolicy):
         self.skipped_steps += 1
         return False
 
-    def choose(self, survival: SurvivalLike) -> list[int]:
+    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
         s = as_survival(survival)  # [R, G]
         num_requests, num_drafted = s.shape
         if num_requests == 0 or num_drafted == 0:
             return [0] * num_requests
-        budget = self.budget(num_requests, num_drafted)
+        budget = self.budget(num_requests, num_drafted, others, other_tokens)
         rows, gains = _admission_order(s)
         cum_gain = np.concatenate(([0.0], np.cumsum(gains))) / num_requests  # [R*G+1]
         self._history.append((cum_gain, num_requests))
@@ -346,14 +359,15 @@ class DSparkAsync(VerifyLengthPolicy):
         return _lengths(rows, budget, num_requests)
 
 
-def free_lengths(survival: SurvivalLike, table: StepTimeTable) -> list[int]:
+def free_lengths(survival: SurvivalLike, table: StepTimeTable, others: int = 0, other_tokens: int = 0) -> list[int]:
     """Verification lengths for proposals that cost no drafter time and are a
     deterministic function of the context (prompt lookup): the admission prefix that
     maximises expected tokens per second of target time,
 
         (R + sum of admitted s_{i,k}) / target_time(R + B),
 
-    over the WHOLE table. No token of such a proposal was sampled, so nothing can leak
+    over the WHOLE table (R counting `others` too, and the time `other_tokens`: see
+    `VerifyLengthPolicy`). No token of such a proposal was sampled, so nothing can leak
     from a later entry into an earlier one's admission: the best prefix is lossless
     here, where for sampled drafts only the first drop (`DSparkSync`) or a lagged
     budget (`DSparkAsync`) is."""
@@ -362,8 +376,9 @@ def free_lengths(survival: SurvivalLike, table: StepTimeTable) -> list[int]:
     if num_requests == 0 or num_drafted == 0:
         return [0] * num_requests
     rows, gains = _admission_order(s)
-    expected = num_requests + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
-    times = table.admission_times(num_requests + np.arange(gains.size + 1), num_requests, drafted=False)
+    expected = num_requests + others + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
+    times = table.admission_times(num_requests + others + other_tokens + np.arange(gains.size + 1), num_requests,
+                                  drafted=False, others=others, other_tokens=other_tokens)
     return _lengths(rows, int((expected / times).argmax()), num_requests)
 
 

@@ -247,13 +247,26 @@ class StepTimeTable:
         self._spec_overhead[load_level(n_requests)] = max(0.0, float(seconds))
         self.version += 1
 
-    def admission_times(self, n_tokens: np.ndarray, n_requests: int, drafted: bool = True) -> np.ndarray:
-        """What the scheduler divides expected tokens by: for steps of `n_requests`
-        verifying `n_tokens` in all, the target's time, the drafter's when it `drafted`,
-        and `spec_overhead` wherever any drafted token is verified (n_tokens > n_requests)."""
+    def admission_times(self, n_tokens: np.ndarray, n_requests: int, drafted: bool = True, others: int = 0,
+                        other_tokens: int = 0) -> np.ndarray:
+        """What the scheduler divides expected tokens by: for steps whose forward holds
+        `n_tokens` in all (`n_requests` speculating requests with their drafts, `others`
+        requests verifying nothing, `other_tokens` prompt tokens), the target's time,
+        the drafter's for `n_requests` when it `drafted`, and `spec_overhead` (at the
+        step's whole load) wherever any drafted token is verified.
+
+        Prompt tokens place the drafts where they land on the curve, but are not
+        charged to them: the time is the decodes' plain step, T(R + others), plus what
+        the drafts add to the whole forward, T(n) - T(R + others + other_tokens). (A
+        prompt chunk's fixed cost in the denominator would make drafts look cheap next
+        to it; without the chunk, drafts that fall past a knee it causes look free.)"""
         n_tokens = np.asarray(n_tokens, dtype=np.float64)
         times = self.step_times(n_tokens, n_requests) if drafted else self.target_times(n_tokens)
-        return times + np.where(n_tokens > n_requests, self.spec_overhead(n_requests), 0.0)
+        decodes = n_requests + others
+        plain = decodes + other_tokens
+        if other_tokens:
+            times = times - (self.target_time(plain) - self.target_time(decodes))
+        return times + np.where(n_tokens > plain, self.spec_overhead(decodes), 0.0)
 
     def scale(self, factor: float) -> None:
         """Multiply every time, the drafter's too, by `factor` (in place: a scheduler
