@@ -237,8 +237,12 @@ class SpecRunner:
         table = getattr(self.policy, "table", None)
         # priced on the whole forward: the decodes verifying nothing and the prompt chunks too
         others = len(decodes) - len(order)
-        chosen = (self.policy.choose(survival, others, prefill_tokens) if rows or table is None
-                  else free_lengths(survival, table, others, prefill_tokens))
+        if table is None:
+            chosen = self.policy.choose(survival)
+        elif rows:
+            chosen = self.policy.choose(survival, others, prefill_tokens)
+        else:
+            chosen = free_lengths(survival, table, others, prefill_tokens)
         lengths = [0] * len(decodes)
         for j, i in enumerate(order):
             s = decodes[i]

@@ -32,8 +32,10 @@ profiled, and `version` counts the updates so that cached rates are recomputed.
 Every step is observed, but the table the scheduler reads is republished every
 `publish_every` steps (every step during the first `window`): the estimates average
 over about `window` steps anyway, and a republished table costs the scheduler a
-recomputation of its rates, so a step that speculates nothing costs what a plain step
-costs.
+recomputation of its rates. Steps are queued and folded into the curves only when they
+are published (the same curves, at a fraction of the cost right after a forward), and
+while the engine decodes plain by the governor's call nothing is published at all, so
+that a step that speculates nothing costs what a plain step costs.
 """
 
 from __future__ import annotations

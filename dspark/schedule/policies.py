@@ -26,58 +26,13 @@ is no longer p. Every policy here honours that rule.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from .step_time import ScheduleError, StepTimeTable
-
-SurvivalLike = torch.Tensor | np.ndarray | Sequence[Sequence[float]]
+from .survival import SurvivalLike, admission_order, as_survival, lengths_from, shape_of
 
 POLICY_NAMES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
-
-
-def as_survival(survival: SurvivalLike) -> np.ndarray:
-    """`survival` as a float64 [R, G] array, checked to be probabilities that do not
-    increase along each row (the prefix property the policies rely on)."""
-    if isinstance(survival, torch.Tensor):
-        s = survival.detach().to(device="cpu", dtype=torch.float64).numpy()
-    else:
-        s = np.asarray(survival, dtype=np.float64)
-    if s.ndim != 2:
-        raise ValueError(f"survival must have shape [requests, drafted tokens], got {s.shape}")
-    if s.size:
-        if not np.isfinite(s).all() or s.min() < 0.0 or s.max() > 1.0:
-            raise ValueError("survival must hold probabilities in [0, 1]")
-        if s.shape[1] > 1 and (s[:, 1:] > s[:, :-1]).any():
-            raise ValueError(
-                "survival must be non-increasing along each row (s_k = c_1 * ... * c_k); "
-                "pass cumulative products, not per-token confidences"
-            )
-    return s
-
-
-def _shape(survival: SurvivalLike) -> tuple[int, int]:
-    shape = tuple(survival.shape) if hasattr(survival, "shape") else np.shape(survival)
-    if len(shape) != 2:
-        raise ValueError(f"survival must have shape [requests, drafted tokens], got {shape}")
-    return int(shape[0]), int(shape[1])
-
-
-def _admission_order(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """All (i, k) sorted by survival, highest first, lower k first on ties, so that
-    every prefix of the order is a set of per-request prefixes. Returns the request
-    index and survival of each entry, in that order."""
-    num_requests, num_drafted = s.shape  # [R, G]
-    flat = s.reshape(-1)  # [R*G], row-major
-    position = np.tile(np.arange(num_drafted), num_requests)  # [R*G]
-    order = np.lexsort((position, -flat))  # [R*G]; the last key is the primary one
-    return order // num_drafted, flat[order]
-
-
-def _lengths(rows_in_order: np.ndarray, num_admitted: int, num_requests: int) -> list[int]:
-    return np.bincount(rows_in_order[:num_admitted], minlength=num_requests).tolist()
 
 
 class VerifyLengthPolicy:
@@ -86,7 +41,8 @@ class VerifyLengthPolicy:
 
     The same forward may carry more: `others` requests that verify nothing (left out
     of drafting and lookup: one token in, one out each) and `other_tokens` tokens of
-    prompt chunks. The policies that price tokens by step time price the whole step:
+    prompt chunks. The policies that price tokens by step time (those with a `table`)
+    take both as further arguments of `choose`, and price the whole step:
     a drafted token costs what it adds to a forward of all of them, not to a forward
     of the R requests alone (on a curve that is flat up to 8 tokens and steep after
     16, pricing 8 looked-up requests of a 16-request step at T(8 + B) made their
@@ -100,7 +56,7 @@ class VerifyLengthPolicy:
     #: confidence head may then pass any [R, G] array (e.g. `torch.empty(R, G)`).
     needs_confidence: bool = True
 
-    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
+    def choose(self, survival: SurvivalLike) -> list[int]:
         raise NotImplementedError
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
@@ -119,8 +75,8 @@ class NoSpeculation(VerifyLengthPolicy):
     name = "none"
     needs_confidence = False
 
-    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
-        num_requests, _ = _shape(survival)
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        num_requests, _ = shape_of(survival)
         return [0] * num_requests
 
 
@@ -135,8 +91,8 @@ class FixedLength(VerifyLengthPolicy):
             raise ScheduleError(f"the fixed verification length must be a non-negative integer, got {gamma!r}")
         self.gamma = gamma
 
-    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
-        num_requests, num_drafted = _shape(survival)
+    def choose(self, survival: SurvivalLike) -> list[int]:
+        num_requests, num_drafted = shape_of(survival)
         length = num_drafted if self.gamma is None else min(self.gamma, num_drafted)
         return [length] * num_requests
 
@@ -158,7 +114,7 @@ class ConfidenceThreshold(VerifyLengthPolicy):
             raise ScheduleError(f"the confidence threshold must be a probability in [0, 1], got {tau!r}")
         self.tau = float(tau)
 
-    def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
+    def choose(self, survival: SurvivalLike) -> list[int]:
         s = as_survival(survival)  # [R, G]
         return (s >= self.tau).sum(axis=1).tolist()
 
@@ -203,7 +159,7 @@ class DSparkSync(VerifyLengthPolicy):
         num_requests, num_drafted = s.shape
         if num_requests == 0 or num_drafted == 0:
             return [0] * num_requests
-        rows, gains = _admission_order(s)  # [R*G], [R*G]
+        rows, gains = admission_order(s)  # [R*G], [R*G]
         expected = num_requests + others + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
         n_tokens = num_requests + others + other_tokens + np.arange(gains.size + 1)  # [R*G+1]
         rate = expected / self.table.admission_times(n_tokens, num_requests, others=others,
@@ -211,7 +167,7 @@ class DSparkSync(VerifyLengthPolicy):
         # J is evaluated at every prefix at once, but only the first drop decides
         improves = rate[1:] > rate[:-1]  # [R*G]
         num_admitted = gains.size if improves.all() else int(improves.argmin())
-        return _lengths(rows, num_admitted, num_requests)
+        return lengths_from(rows, num_admitted, num_requests)
 
 
 class DSparkAsync(VerifyLengthPolicy):
@@ -352,11 +308,11 @@ class DSparkAsync(VerifyLengthPolicy):
         if num_requests == 0 or num_drafted == 0:
             return [0] * num_requests
         budget = self.budget(num_requests, num_drafted, others, other_tokens)
-        rows, gains = _admission_order(s)
+        rows, gains = admission_order(s)
         cum_gain = np.concatenate(([0.0], np.cumsum(gains))) / num_requests  # [R*G+1]
         self._history.append((cum_gain, num_requests))
         self.last_budget = budget
-        return _lengths(rows, budget, num_requests)
+        return lengths_from(rows, budget, num_requests)
 
 
 def free_lengths(survival: SurvivalLike, table: StepTimeTable, others: int = 0, other_tokens: int = 0) -> list[int]:
@@ -375,11 +331,11 @@ def free_lengths(survival: SurvivalLike, table: StepTimeTable, others: int = 0, 
     num_requests, num_drafted = s.shape
     if num_requests == 0 or num_drafted == 0:
         return [0] * num_requests
-    rows, gains = _admission_order(s)
+    rows, gains = admission_order(s)
     expected = num_requests + others + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
     times = table.admission_times(num_requests + others + other_tokens + np.arange(gains.size + 1), num_requests,
                                   drafted=False, others=others, other_tokens=other_tokens)
-    return _lengths(rows, int((expected / times).argmax()), num_requests)
+    return lengths_from(rows, int((expected / times).argmax()), num_requests)
 
 
 def make_policy(
