@@ -40,6 +40,12 @@ timed(e.runner.feed, "flush", "feed.flush (context to the drafter)")
 timed(e.runner.policy, "choose", "policy.choose")
 timed(e.runner.policy, "should_draft", "policy.should_draft")
 timed(runner_mod, "faulty_rows", "faulty_rows")
+if "parts" in sys.argv:  # the pricing's own parts
+    import dspark.schedule.policies as pol
+    timed(pol, "as_survival", "    as_survival")
+    timed(pol, "admission_order", "    admission_order")
+    timed(e.runner.policy.table, "admission_times", "    table.admission_times")
+    timed(e.runner.policy, "_rates", "    policy._rates")
 params = SamplingParams(max_tokens=96, ignore_eos=True)
 pending = list(prompts)[::-1]
 steps = 0
