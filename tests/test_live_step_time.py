@@ -251,3 +251,22 @@ def test_queued_steps_publish_the_curves_that_folding_each_step_would():
         else:
             assert len(live._queue) == live._unpublished
     assert live.steps == 40
+
+
+def test_steps_recorded_unpublished_leave_the_table_alone_until_published():
+    """`publish=False` (plain decoding by the governor's call): the table the scheduler
+    reads does not change, the queue is folded every QUEUE_LIMIT steps to bound it, and
+    a later `publish` hands over the curve every step would have made."""
+    table = StepTimeTable.synthetic(max_tokens=64)
+    live = LiveStepTime(table, window=4, publish_every=3)
+    curve = LiveCurve(table.token_counts, table.step_ms, window=4)
+    version, before = table.version, table.target_times(np.array([16.0])).tolist()
+    for _ in range(LiveStepTime.QUEUE_LIMIT + 5):
+        live.record(16, 0.05, publish=False)
+        curve.observe(16, 50.0)
+    assert table.version == version and table.target_times(np.array([16.0])).tolist() == before
+    assert len(live._queue) == 5  # the first QUEUE_LIMIT were folded, unpublished
+    live.publish()
+    assert table.version > version
+    assert table.target_time(16) == pytest.approx(float(np.interp(16, table.token_counts, curve.ms())) / 1000.0)
+    assert table.target_time(16) > before[0] * 2  # it learned the slower steps

@@ -48,6 +48,19 @@ import numpy as np
 from .step_time import StepTimeTable, isotonic, load_level
 
 
+def _neighbours(xs: list[float], x: float) -> list[tuple[int, float]]:
+    """The points of ascending `xs` that x lies between and their linear weights; the
+    nearest end alone outside them (np.interp's rule, in plain Python: this runs on
+    every decode step)."""
+    if x <= xs[0]:
+        return [(0, 1.0)]
+    if x >= xs[-1]:
+        return [(len(xs) - 1, 1.0)]
+    i = bisect.bisect_left(xs, x)  # xs[i-1] < x <= xs[i]
+    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return [(i - 1, 1.0 - w), (i, w)] if w < 1.0 else [(i, 1.0)]
+
+
 class LiveCurve:
     """A profiled curve (times at ascending counts) corrected by observations."""
 
@@ -80,31 +93,10 @@ class LiveCurve:
                      if w >= 0.5 and self.steps - seen <= self.max_age]
             self._estimate = (self.steps, [self._counts[j] for j in fresh], [self.log_ratio[j] for j in fresh])
         _, xs, ys = self._estimate
-        if not xs:
-            return 0.0
-        if x <= xs[0]:
-            return ys[0]
-        if x >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_left(xs, x)
-        return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-
-    def _neighbours(self, x: float) -> list[tuple[int, float]]:
-        c = self._counts
-        if x <= c[0]:
-            return [(0, 1.0)]
-        if x >= c[-1]:
-            return [(len(c) - 1, 1.0)]
-        i = bisect.bisect_left(c, x)  # c[i-1] < x <= c[i]
-        w = (x - c[i - 1]) / (c[i] - c[i - 1])
-        return [(i - 1, 1.0 - w), (i, w)] if w < 1.0 else [(i, 1.0)]
-
-    def _at(self, x: float, values: list[float]) -> float:
-        """`values` (one per count) interpolated at x, flat outside (np.interp's rule)."""
-        return sum(w * values[j] for j, w in self._neighbours(x))
+        return sum(w * ys[j] for j, w in _neighbours(xs, x)) if xs else 0.0
 
     def predicted_base(self, x: float) -> float:
-        return self._at(float(x), self._base)
+        return sum(w * self._base[j] for j, w in _neighbours(self._counts, float(x)))
 
     def observe(self, x: float, ms: float) -> None:
         """One measured time `ms` at count `x`."""
@@ -116,7 +108,7 @@ class LiveCurve:
         current = self._log_estimate(x)
         residual = math.log(ms / self.predicted_base(x)) - current
         r = current + min(max(residual, -self.clip), self.clip)
-        for j, w in self._neighbours(x):
+        for j, w in _neighbours(self._counts, x):
             if w <= 0:
                 continue
             self.weight[j] += w
