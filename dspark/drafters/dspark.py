@@ -231,60 +231,64 @@ class DSparkDrafter(KVDrafter):
         first = self.config.first_draft_slot
         h = self.norm(out[:, first : first + num_tokens])  # [R, n, hidden]
         base = self.head_logits(h)  # [R, n, draft vocab]
+        mk = self.markov_head
+        used = None  # [R, n]: the positions that take the lookup token (a prefix of each row)
         if lookup is not None:
             look_tok, look_conf = _lookup_tensors(lookup, num_tokens, dev)
-            alive = torch.ones(r, dtype=torch.bool, device=dev)
-            used, confs = [], []
+            # Along the lookup prefix every earlier token is a lookup token, so the c_k
+            # that decide it (from tokens < k) are known before anything is drawn: one
+            # batched call, where a loop would pay a dozen small ops per position.
+            look_prev = torch.cat([anchors.unsqueeze(1), look_tok[:, :-1]], dim=1)  # [R, n]
+            c_look = self.confidence_head(h, mk.block_latents(look_prev, h) if mk is not None else None)
+            used = (look_conf >= c_look).cumprod(dim=1).bool()
 
         tokens, logits, latents = [], [], []
         prev, latent = anchors, None
         num_cand = self.markov_candidates
-        restrict = self.markov_head is not None and 0 < num_cand < base.shape[-1]
+        restrict = mk is not None and 0 < num_cand < base.shape[-1]
         if restrict:
-            # The candidates' base logits and W2 rows for every position at once; the
-            # loop below then costs a few small ops per drafted token.
+            # The candidates' base logits, target ids and W2 rows for every position at
+            # once; the loop below then costs a few small ops per drafted token.
             cand = base.topk(num_cand, dim=-1).indices  # [R, n, C]
             base_cand = base.gather(-1, cand)  # [R, n, C]
-            w2c = self.markov_head.markov_w2.weight[cand]  # [R, n, C, rank]
+            cand_target = self.to_target_ids(cand)  # [R, n, C]
+            w2c = mk.markov_w2.weight[cand].to(mk.markov_w1.weight.dtype)  # [R, n, C, rank]
         for k in range(num_tokens):
-            if self.markov_head is not None:
-                latent = self.markov_head.latent(prev, h[:, k], latent)  # [R, rank]
+            if mk is not None:
+                latent = mk.latent(prev, h[:, k], latent)  # [R, rank]
                 latents.append(latent)
                 if restrict:
-                    bias = torch.bmm(w2c[:, k].to(latent.dtype), latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
+                    bias = torch.bmm(w2c[:, k], latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
                     step = base_cand[:, k] + bias.float()  # over the candidates only
-                    chosen = cand[:, k].gather(1, choose_tokens(step, requests).unsqueeze(1)).squeeze(1)
+                    chosen = cand_target[:, k].gather(1, choose_tokens(step, requests).unsqueeze(1)).squeeze(1)
                 else:
-                    step = base[:, k] + self.markov_head.bias(latent).float()
-                    chosen = choose_tokens(step, requests)
+                    step = base[:, k] + mk.bias(latent).float()
+                    chosen = self.to_target_ids(choose_tokens(step, requests))
             else:
                 step = base[:, k]
-                chosen = choose_tokens(step, requests)
-            prev = self.to_target_ids(chosen)
-            if lookup is not None:
-                c_k = self.confidence_head.at(h[:, k], latent, k)  # [R]
-                alive = alive & (look_conf[:, k] >= c_k)
-                prev = torch.where(alive, look_tok[:, k], prev)
-                used.append(alive)
-                confs.append(torch.where(alive, look_conf[:, k], c_k))
+                chosen = self.to_target_ids(choose_tokens(step, requests))
+            prev = chosen if used is None else torch.where(used[:, k], look_tok[:, k], chosen)
             tokens.append(prev)
             logits.append(step)
         step_logits = torch.stack(logits, dim=1)
         if restrict:  # the restricted distribution over the target vocabulary: -inf but at the candidates
             full = step_logits.new_full((r, num_tokens, self.config.vocab_size), float("-inf"))
-            out_logits = full.scatter_(2, self.to_target_ids(cand), step_logits)
+            out_logits = full.scatter_(2, cand_target, step_logits)
         else:
             out_logits = self.to_target_logits(step_logits)
-        if lookup is None:
-            conf = None
-            if self.confidence_head is not None:
-                conf = self.confidence_head(h, torch.stack(latents, dim=1) if latents else None)
-            return DraftOutput(torch.stack(tokens, dim=1), out_logits, conf)
-        used_t = torch.stack(used, dim=1)  # [R, n], a prefix of each row
         out_tokens = torch.stack(tokens, dim=1)
-        point = torch.full_like(out_logits, float("-inf")).scatter_(-1, out_tokens.unsqueeze(-1), 0.0)
-        out_logits = torch.where(used_t.unsqueeze(-1), point, out_logits)
-        return DraftOutput(out_tokens, out_logits, torch.stack(confs, dim=1), num_lookup=used_t.sum(1))
+        conf = None
+        if self.confidence_head is not None:
+            conf = self.confidence_head(h, torch.stack(latents, dim=1) if latents else None)
+        if lookup is None:
+            return DraftOutput(out_tokens, out_logits, conf)
+        # A lookup token's q is a point mass; its confidence is lookup's own.
+        rows, ks = used.nonzero(as_tuple=True)
+        if rows.numel():
+            out_logits = out_logits.clone() if out_logits is step_logits else out_logits
+            out_logits[rows, ks] = float("-inf")
+            out_logits[rows, ks, out_tokens[rows, ks]] = 0.0
+        return DraftOutput(out_tokens, out_logits, torch.where(used, look_conf, conf), num_lookup=used.sum(1))
 
 
 def _lookup_tensors(lookup: list[tuple[list[int], list[float]]], num_tokens: int,

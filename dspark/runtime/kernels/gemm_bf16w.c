@@ -151,8 +151,12 @@ static void block(const float *x, const uint16_t *wp, const float *bias, float *
     micro(x + (m) * K, K, wp + (q) * K * PANEL, y + (m) * N + (q) * PANEL, N, bias ? bias + (q) * PANEL : 0, mr, nparg, LAST(q, nparg))
     if (M < 4) {
         /* Panels per micro-kernel call: wide for few rows (more independent chains to
-         * hide the FMA latency; up to 12 accumulators). */
-        const int64_t np = M == 3 ? 2 : M == 2 ? 3 : 4;
+         * hide the FMA latency), as wide as the 16 ymm registers hold without spilling:
+         * accumulators (2 per row and panel) plus the panel rows being read (2 per
+         * panel). One row takes 4 panels (8 + 8), two rows 2 (8 + 4), three rows 1
+         * (6 + 2): 3 rows by 2 panels (12 + 4 and the broadcast) spilled and ran 1.6x
+         * the time of 4 rows on the LM head. */
+        const int64_t np = M == 3 ? 1 : M == 2 ? 2 : 4;
         for (int64_t p = p0; p < p1;) {
             int64_t take = p1 - p < np ? p1 - p : np;
             if (take == 4) CALL(m0, p, 1, 4);
