@@ -426,3 +426,32 @@ def test_a_step_is_priced_with_the_requests_and_prompt_tokens_that_verify_nothin
         [0.010, 0.010625 + 0.004])
     assert table.admission_times(np.array([16, 18]), 4, drafted=False, other_tokens=12).tolist() == pytest.approx(
         [0.010, 0.01125])  # T(4) then what 2 tokens add past 16; the overhead of 4 requests' level: none measured
+
+
+def test_small_tables_are_priced_in_plain_python_to_the_same_lengths():
+    """Lookup's pricing of a small table (the engine's every step) runs in plain Python;
+    it must choose exactly what the numpy pricing chooses: random tables with ties,
+    requests and prompt tokens beside them, a speculation overhead, and counts past the
+    profiled range. Bad tables are refused the same way."""
+    from dspark.schedule.policies import _free_lengths_array, _free_lengths_small, free_lengths
+    from dspark.schedule.survival import small_survival_rows
+
+    rng = np.random.default_rng(0)
+    table = StepTimeTable(token_counts=[1, 2, 3, 4, 6, 8, 12, 16], raw_ms=[9.0, 9.6, 11.0, 10.1, 11.5, 15.0, 19.0, 24.0])
+    table.set_spec_overhead(1, 0.0004)
+    table.set_spec_overhead(4, 0.0011)
+    differ = 0
+    for trial in range(400):
+        r, g = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        if r * g > 64:
+            continue
+        conf = rng.choice([0.2, 0.5, 0.8, 0.9, 1.0], size=(r, g)) if trial % 2 else rng.random((r, g))
+        s = np.cumprod(conf, axis=1)
+        others, other_tokens = int(rng.integers(0, 5)), int(rng.integers(0, 3)) * int(rng.integers(0, 12))
+        small = _free_lengths_small(small_survival_rows(torch.tensor(s)), table, others, other_tokens)
+        assert small == _free_lengths_array(s, table, others, other_tokens), (s, others, other_tokens)
+        differ += small != [g] * r and sum(small) > 0
+    assert differ > 50  # the tables exercised partial admissions, not only all or nothing
+    for bad in ([[0.5, 0.7]], [[float("nan")]], [[1.5]]):
+        with pytest.raises(ValueError, match="survival"):
+            free_lengths(bad, table)

@@ -30,7 +30,8 @@ from collections import deque
 import numpy as np
 
 from .step_time import ScheduleError, StepTimeTable
-from .survival import SurvivalLike, admission_order, as_survival, lengths_from, shape_of
+from .survival import (SurvivalLike, admission_order, admission_order_rows, as_survival, lengths_from, shape_of,
+                       small_survival_rows)
 
 POLICY_NAMES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
 
@@ -327,7 +328,13 @@ def free_lengths(survival: SurvivalLike, table: StepTimeTable, others: int = 0, 
     from a later entry into an earlier one's admission: the best prefix is lossless
     here, where for sampled drafts only the first drop (`DSparkSync`) or a lagged
     budget (`DSparkAsync`) is."""
-    s = as_survival(survival)  # [R, G]
+    small = small_survival_rows(survival)
+    if small is not None:
+        return _free_lengths_small(small, table, others, other_tokens)
+    return _free_lengths_array(as_survival(survival), table, others, other_tokens)
+
+
+def _free_lengths_array(s: np.ndarray, table: StepTimeTable, others: int, other_tokens: int) -> list[int]:
     num_requests, num_drafted = s.shape
     if num_requests == 0 or num_drafted == 0:
         return [0] * num_requests
@@ -336,6 +343,28 @@ def free_lengths(survival: SurvivalLike, table: StepTimeTable, others: int = 0, 
     times = table.admission_times(num_requests + others + other_tokens + np.arange(gains.size + 1), num_requests,
                                   drafted=False, others=others, other_tokens=other_tokens)
     return lengths_from(rows, int((expected / times).argmax()), num_requests)
+
+
+def _free_lengths_small(s: list[list[float]], table: StepTimeTable, others: int, other_tokens: int) -> list[int]:
+    """`free_lengths` of a small table in plain Python: the same sums in the same order
+    and the same times, so the same lengths."""
+    num_requests = len(s)
+    if num_requests == 0 or not s[0]:
+        return [0] * num_requests
+    rows, gains = admission_order_rows(s)
+    base = num_requests + others
+    best, best_rate, gain = 0, None, 0.0
+    for j in range(len(gains) + 1):
+        if j:
+            gain += gains[j - 1]
+        rate = (base + gain) / table.admission_time(base + other_tokens + j, num_requests, drafted=False,
+                                                     others=others, other_tokens=other_tokens)
+        if best_rate is None or rate > best_rate:
+            best, best_rate = j, rate
+    lengths = [0] * num_requests
+    for i in rows[:best]:
+        lengths[i] += 1
+    return lengths
 
 
 def make_policy(

@@ -268,6 +268,17 @@ class StepTimeTable:
             times = times - (self.target_time(plain) - self.target_time(decodes))
         return times + np.where(n_tokens > plain, self.spec_overhead(decodes), 0.0)
 
+    def admission_time(self, n_tokens: int, n_requests: int, drafted: bool = True, others: int = 0,
+                       other_tokens: int = 0) -> float:
+        """`admission_times` at one (integer) token count, from the remembered per-count
+        times: the same numbers, without numpy's per-call cost."""
+        t = self.target_time(n_tokens) + (self.drafter_time(n_requests) if drafted else 0.0)
+        decodes = n_requests + others
+        plain = decodes + other_tokens
+        if other_tokens:
+            t = t - (self.target_time(plain) - self.target_time(decodes))
+        return t + (self.spec_overhead(decodes) if n_tokens > plain else 0.0)
+
     def scale(self, factor: float) -> None:
         """Multiply every time, the drafter's too, by `factor` (in place: a scheduler
         holding this table sees the new times from its next step)."""

@@ -50,5 +50,38 @@ def admission_order(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order // num_drafted, flat[order]
 
 
+#: survival tables up to this many entries are ordered in plain Python: the engine prices
+#: one every step right after a forward, where numpy's per-call cost (tens of
+#: microseconds a call on a few dozen numbers) was most of the pricing's time
+SMALL_TABLE = 64
+
+
+def small_survival_rows(survival: SurvivalLike) -> list[list[float]] | None:
+    """`survival` as checked rows of Python floats when it holds at most SMALL_TABLE
+    entries (the checks of `as_survival`), else None."""
+    r, g = shape_of(survival)
+    if r * g > SMALL_TABLE:
+        return None
+    rows = survival.detach().to("cpu", torch.float64).tolist() if isinstance(survival, torch.Tensor) else \
+        [[float(v) for v in row] for row in survival]
+    for row in rows:
+        for k, v in enumerate(row):
+            if not 0.0 <= v <= 1.0:  # NaN and infinities fail too
+                raise ValueError("survival must hold probabilities in [0, 1]")
+            if k and v > row[k - 1]:
+                raise ValueError(
+                    "survival must be non-increasing along each row (s_k = c_1 * ... * c_k); "
+                    "pass cumulative products, not per-token confidences"
+                )
+    return rows
+
+
+def admission_order_rows(rows: list[list[float]]) -> tuple[list[int], list[float]]:
+    """`admission_order` of Python rows: the same order (highest survival first, lower
+    k, then lower request, first on ties)."""
+    entries = sorted((-v, k, i) for i, row in enumerate(rows) for k, v in enumerate(row))
+    return [i for _, _, i in entries], [-v for v, _, _ in entries]
+
+
 def lengths_from(rows_in_order: np.ndarray, num_admitted: int, num_requests: int) -> list[int]:
     return np.bincount(rows_in_order[:num_admitted], minlength=num_requests).tolist()
