@@ -191,7 +191,8 @@ def test_rows_left_out_of_drafting_get_lookup_alone_and_stay_exact(greedy_case, 
 
 
 def test_free_lengths_take_the_best_prefix_of_the_whole_table():
-    from dspark.schedule.policies import DSparkSync, free_lengths
+    from dspark.schedule.lookup_pricing import free_lengths
+    from dspark.schedule.policies import DSparkSync
     from dspark.schedule.step_time import DrafterTimeTable, StepTimeTable
 
     # a jagged curve: 1-2 tokens 10 ms, 3 tokens 18 ms (a dip in tokens/s), 4 tokens 19 ms

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dspark.schedule.live import LiveCurve, LiveStepTime
-from dspark.schedule.policies import DSparkAsync, free_lengths
+from dspark.schedule.lookup_pricing import free_lengths
+from dspark.schedule.policies import DSparkAsync
 from dspark.schedule.step_time import DrafterTimeTable, StepTimeTable
 
 

@@ -401,7 +401,7 @@ def test_a_step_is_priced_with_the_requests_and_prompt_tokens_that_verify_nothin
     on a curve flat to 16 tokens and steep after, the drafts are nearly free for four
     requests alone and not worth verifying in the whole step; prompt tokens in the
     same forward count the same way. Every pricing policy, and lookup's."""
-    from dspark.schedule.policies import free_lengths
+    from dspark.schedule.lookup_pricing import free_lengths
 
     table = StepTimeTable.synthetic(base_ms=10.0, knee=16, per_token_ms=0.625, max_tokens=256)
     s = np.full((4, 2), 0.6)  # 8 entries at survival 0.6
@@ -433,7 +433,7 @@ def test_small_tables_are_priced_in_plain_python_to_the_same_lengths():
     it must choose exactly what the numpy pricing chooses: random tables with ties,
     requests and prompt tokens beside them, a speculation overhead, and counts past the
     profiled range. Bad tables are refused the same way."""
-    from dspark.schedule.policies import _free_lengths_array, _free_lengths_small, free_lengths
+    from dspark.schedule.lookup_pricing import _free_lengths_array, _free_lengths_small, free_lengths
     from dspark.schedule.survival import small_survival_rows
 
     rng = np.random.default_rng(0)
@@ -455,3 +455,36 @@ def test_small_tables_are_priced_in_plain_python_to_the_same_lengths():
     for bad in ([[0.5, 0.7]], [[float("nan")]], [[1.5]]):
         with pytest.raises(ValueError, match="survival"):
             free_lengths(bad, table)
+
+
+def test_small_steps_are_budgeted_in_plain_python_to_the_same_rates():
+    """`DSparkAsync` prices a small step's budgets in plain Python (every speculating
+    step asks, right after a forward); the rates must be the numpy pricing's own
+    numbers, lagged steps of another request count, prompt tokens, a drafter and a
+    speculation overhead included, so the budgets and skip decisions are the same."""
+    from dspark.schedule import policies
+
+    rng = np.random.default_rng(1)
+    table = StepTimeTable(token_counts=[1, 2, 3, 4, 6, 8, 12, 16], raw_ms=[9.0, 9.6, 11.0, 10.1, 11.5, 15.0, 19.0, 24.0],
+                          drafter=DrafterTimeTable(method="dspark", request_counts=[1, 4, 16], raw_ms=[2.8, 4.0, 9.0]))
+    table.set_spec_overhead(2, 0.0007)
+    checked = 0
+    for trial in range(300):
+        pol = DSparkAsync(table, lag=1)
+        r0, g = int(rng.integers(1, 7)), int(rng.integers(1, 8))
+        pol.choose(np.cumprod(rng.choice([0.3, 0.6, 0.9, 1.0], size=(r0, g)) if trial % 2 else rng.random((r0, g)),
+                              axis=1))
+        r = int(rng.integers(1, 7))
+        others, other_tokens = int(rng.integers(0, 4)), int(rng.integers(0, 2)) * int(rng.integers(0, 9))
+        small = pol._rates(r, g, others, other_tokens)
+        if not isinstance(small, list):
+            continue
+        pol._rates_cache = None
+        keep, policies.SMALL_TABLE = policies.SMALL_TABLE, -1
+        try:
+            array = pol._rates(r, g, others, other_tokens)
+        finally:
+            policies.SMALL_TABLE = keep
+        assert isinstance(array, np.ndarray) and small == array.tolist(), (trial, small, array)
+        checked += 1
+    assert checked > 200

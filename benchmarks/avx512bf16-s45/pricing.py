@@ -7,7 +7,7 @@ step time from its table) against what the step did, by admitted tokens B.
 import sys, time, statistics
 import numpy as np
 import dspark.engine.runner as runner_mod
-import dspark.schedule.policies as pol
+import dspark.schedule.lookup_pricing as pol
 from dspark.bench.dataset import heldout_prompts
 from dspark.engine.config import SpeculativeConfig, DEFAULT_SPECULATIVE
 from dspark.engine.engine import EngineConfig, LLMEngine

@@ -27,7 +27,8 @@ from dspark.drafters.base import DraftRequest, Drafter
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.model import Transformer
-from dspark.schedule.policies import VerifyLengthPolicy, free_lengths
+from dspark.schedule.lookup_pricing import free_lengths
+from dspark.schedule.policies import VerifyLengthPolicy
 from dspark.verify import rejection_sample
 
 from .calibration_watch import CalibrationWatch

@@ -30,8 +30,7 @@ from collections import deque
 import numpy as np
 
 from .step_time import ScheduleError, StepTimeTable
-from .survival import (SurvivalLike, admission_order, admission_order_rows, as_survival, lengths_from, shape_of,
-                       small_survival_rows)
+from .survival import SMALL_TABLE, SurvivalLike, admission_order, as_survival, lengths_from, shape_of
 
 POLICY_NAMES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
 
@@ -223,7 +222,7 @@ class DSparkAsync(VerifyLengthPolicy):
         self._probe_gap = probe_every
         self._skipped = 0
         self.skipped_steps = 0
-        self._rates_cache: tuple[tuple[int, int, int], tuple, np.ndarray] | None = None
+        self._rates_cache: tuple[tuple, tuple, np.ndarray | list[float]] | None = None
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ScheduleError(
                 f"lag must be an integer >= 1, got {lag!r}: a budget from the current step's "
@@ -247,7 +246,8 @@ class DSparkAsync(VerifyLengthPolicy):
         self._probe_gap = self.probe_every
         self._rates_cache = None
 
-    def _rates(self, num_requests: int, num_drafted: int, others: int = 0, other_tokens: int = 0) -> np.ndarray:
+    def _rates(self, num_requests: int, num_drafted: int, others: int = 0,
+               other_tokens: int = 0) -> np.ndarray | list[float]:
         """Expected tokens per second at every budget 0..R*G, drafter cost included,
         from the step `lag` back (which must exist), for a step that also carries
         `others` requests and `other_tokens` prompt tokens. `should_draft` and `budget`
@@ -257,6 +257,11 @@ class DSparkAsync(VerifyLengthPolicy):
         if self._rates_cache is not None and self._rates_cache[0] == key and self._rates_cache[1] is lagged:
             return self._rates_cache[2]
         cum_gain, lagged_requests = lagged  # [R'*G'+1], R'
+        if num_requests * num_drafted <= SMALL_TABLE:
+            rates = self._rates_small(cum_gain.tolist(), lagged_requests, num_requests, num_drafted, others,
+                                      other_tokens)
+            self._rates_cache = (key, lagged, rates)
+            return rates
         budgets = np.arange(num_requests * num_drafted + 1)  # [R*G+1]
         entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
         per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
@@ -264,6 +269,27 @@ class DSparkAsync(VerifyLengthPolicy):
         rates = expected / self.table.admission_times(num_requests + others + other_tokens + budgets, num_requests,
                                                       others=others, other_tokens=other_tokens)
         self._rates_cache = (key, lagged, rates)
+        return rates
+
+    def _rates_small(self, cum_gain: list[float], lagged_requests: int, num_requests: int, num_drafted: int,
+                     others: int, other_tokens: int) -> list[float]:
+        """`_rates` in plain Python for a small step (every speculating step asks, right
+        after a forward): the same interpolation (np.interp's arithmetic), sums and
+        times, so the same numbers."""
+        scale = lagged_requests / num_requests
+        last = len(cum_gain) - 1
+        table = self.table
+        rates = []
+        for b in range(num_requests * num_drafted + 1):
+            x = b * scale
+            if x >= last:
+                g = cum_gain[last]
+            else:
+                j = int(x)
+                g = cum_gain[j] if x == j else (cum_gain[j + 1] - cum_gain[j]) * (x - j) + cum_gain[j]
+            expected = num_requests * (1.0 + g) + others
+            rates.append(expected / table.admission_time(num_requests + others + other_tokens + b, num_requests,
+                                                         others=others, other_tokens=other_tokens))
         return rates
 
     def _lagged(self, num_drafted: int) -> tuple[np.ndarray, int]:
@@ -283,14 +309,16 @@ class DSparkAsync(VerifyLengthPolicy):
         see `VerifyLengthPolicy`), from the step `lag` back."""
         if self._warming():
             return num_requests * min(self.warmup_length, num_drafted)
-        return int(self._rates(num_requests, num_drafted, others, other_tokens).argmax())  # first maximum: the cheapest
+        rates = self._rates(num_requests, num_drafted, others, other_tokens)
+        return rates.index(max(rates)) if isinstance(rates, list) else int(rates.argmax())  # first maximum: the cheapest
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
         self.probing = False
         if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or len(self._history) < self.lag:
             return True  # the first steps draft: their survivals are what later decisions rest on
         plain = num_requests / self.table.target_time(num_requests)
-        if self._rates(num_requests, num_drafted).max() > plain:
+        rates = self._rates(num_requests, num_drafted)
+        if (max(rates) if isinstance(rates, list) else rates.max()) > plain:
             self._skipped = 0
             self._probe_gap = self.probe_every
             return True
@@ -314,57 +342,6 @@ class DSparkAsync(VerifyLengthPolicy):
         self._history.append((cum_gain, num_requests))
         self.last_budget = budget
         return lengths_from(rows, budget, num_requests)
-
-
-def free_lengths(survival: SurvivalLike, table: StepTimeTable, others: int = 0, other_tokens: int = 0) -> list[int]:
-    """Verification lengths for proposals that cost no drafter time and are a
-    deterministic function of the context (prompt lookup): the admission prefix that
-    maximises expected tokens per second of target time,
-
-        (R + sum of admitted s_{i,k}) / target_time(R + B),
-
-    over the WHOLE table (R counting `others` too, and the time `other_tokens`: see
-    `VerifyLengthPolicy`). No token of such a proposal was sampled, so nothing can leak
-    from a later entry into an earlier one's admission: the best prefix is lossless
-    here, where for sampled drafts only the first drop (`DSparkSync`) or a lagged
-    budget (`DSparkAsync`) is."""
-    small = small_survival_rows(survival)
-    if small is not None:
-        return _free_lengths_small(small, table, others, other_tokens)
-    return _free_lengths_array(as_survival(survival), table, others, other_tokens)
-
-
-def _free_lengths_array(s: np.ndarray, table: StepTimeTable, others: int, other_tokens: int) -> list[int]:
-    num_requests, num_drafted = s.shape
-    if num_requests == 0 or num_drafted == 0:
-        return [0] * num_requests
-    rows, gains = admission_order(s)
-    expected = num_requests + others + np.concatenate(([0.0], np.cumsum(gains)))  # [R*G+1]
-    times = table.admission_times(num_requests + others + other_tokens + np.arange(gains.size + 1), num_requests,
-                                  drafted=False, others=others, other_tokens=other_tokens)
-    return lengths_from(rows, int((expected / times).argmax()), num_requests)
-
-
-def _free_lengths_small(s: list[list[float]], table: StepTimeTable, others: int, other_tokens: int) -> list[int]:
-    """`free_lengths` of a small table in plain Python: the same sums in the same order
-    and the same times, so the same lengths."""
-    num_requests = len(s)
-    if num_requests == 0 or not s[0]:
-        return [0] * num_requests
-    rows, gains = admission_order_rows(s)
-    base = num_requests + others
-    best, best_rate, gain = 0, None, 0.0
-    for j in range(len(gains) + 1):
-        if j:
-            gain += gains[j - 1]
-        rate = (base + gain) / table.admission_time(base + other_tokens + j, num_requests, drafted=False,
-                                                     others=others, other_tokens=other_tokens)
-        if best_rate is None or rate > best_rate:
-            best, best_rate = j, rate
-    lengths = [0] * num_requests
-    for i in rows[:best]:
-        lengths[i] += 1
-    return lengths
 
 
 def make_policy(
