@@ -1,7 +1,8 @@
 """Configurations compared step by step: one engine per configuration, all in one
-process, stepped in turn (one step of each, then again), so that the machine's drift
-falls on every configuration alike within tens of milliseconds rather than within the
-minute a served point takes.
+process, stepped in turn (one step of each, then again, in the reverse order every
+other round, so that no configuration always steps right after another), so that the
+machine's drift falls on every configuration alike within tens of milliseconds rather
+than within the minute a served point takes.
 
 Each engine keeps --concurrency requests in flight (a finished request is replaced
 by the next prompt at once, as a client at that concurrency would), over the same
@@ -16,7 +17,8 @@ configurations rotated); the ratio is reported as the median and range over repe
 
 `default-held-plain` is the default configuration with its governor held in plain mode
 at every load: what speculation's machinery costs when it drafts nothing (a step that
-speculates nothing should cost what a plain step costs).
+speculates nothing should cost what a plain step costs). `plain-again` is a second
+plain engine: its ratio to plain decoding is the method's own resolution in that run.
 
 Stepping engines in turn shares the CPU caches between them (the target's weights are
 shared; each engine has its own KV cache): every configuration pays that alike. This
@@ -35,6 +37,7 @@ from dspark.engine.config import DEFAULT_SPECULATIVE
 
 CONFIGS = {
     "plain": None,
+    "plain-again": None,  # an A/A control: a second plain engine
     "default": DEFAULT_SPECULATIVE,
     "default-held-plain": DEFAULT_SPECULATIVE,  # its governor held in plain mode (see the docstring)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
@@ -111,10 +114,12 @@ def main() -> int:
                     return 1
                 engine.governor.speculating = lambda n: False
             lanes.append(Lane(name, engine, prompts, params, args.concurrency))
+        rnd = 0
         while not all(lane.done() for lane in lanes):
-            for lane in lanes:
+            for lane in lanes if rnd % 2 == 0 else lanes[::-1]:
                 if not lane.done():
                     lane.step()
+            rnd += 1
         run = {lane.name: {"seconds": lane.seconds, "tok_s": lane.tokens / lane.seconds, "steps": lane.steps,
                            "speculated_steps": lane.speculated} for lane in lanes}
         plain = run["plain"]["seconds"]
