@@ -1,7 +1,7 @@
 """Held in speculation at C requests: where a step's time choosing what to verify goes
 (lookup proposals, merging, pricing, the rest of `_verify_lengths`), timed in place.
 
-    python3 benchmarks/avx512bf16-s45/select_phase.py 4
+    python3 benchmarks/avx512bf16-s45/select_phase.py 4 [prompts] [parts]
 """
 import sys, time, functools, statistics
 from collections import defaultdict
@@ -21,7 +21,7 @@ def timed(obj, name, key):
         t = time.perf_counter(); r = f(*a, **k); acc[key] += time.perf_counter() - t; return r
     setattr(obj, name, w)
 target = Target.load("default", dtype="auto", device="cpu", max_len=2048)
-prompts = [target.tokenizer.apply_chat_template(p.chat_messages()) for p in heldout_prompts("mixed", 64)]
+prompts = [target.tokenizer.apply_chat_template(p.chat_messages()) for p in heldout_prompts("mixed", int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 64)]
 e = LLMEngine(target, SpeculativeConfig(**DEFAULT_SPECULATIVE), EngineConfig(max_num_seqs=C, max_model_len=2048))
 e.generate(prompts[:C], SamplingParams(max_tokens=8, ignore_eos=True))
 e.governor.speculating = lambda n: True
