@@ -10,3 +10,8 @@ for c in 4 16 32; do
 python3 scripts/bench_lockstep.py --configs plain,default --concurrency $c --num-prompts 64 \
   --max-tokens 96 --repeats 3 --json runs/measure-s46/lockstep_c${c}_final.json
 done
+# a second reading at one request, and two requests (the level the 2/3-row kernel paths serve too)
+python3 scripts/bench_lockstep.py --configs plain,default --concurrency 1 --num-prompts 16 \
+  --max-tokens 96 --repeats 3 --json runs/measure-s46/lockstep_c1_final2.json
+python3 scripts/bench_lockstep.py --configs plain,default --concurrency 2 --num-prompts 32 \
+  --max-tokens 96 --repeats 3 --json runs/measure-s46/lockstep_c2_final.json
