@@ -15,3 +15,4 @@ python3 scripts/bench_lockstep.py --configs plain,default --concurrency 1 --num-
   --max-tokens 96 --repeats 3 --json runs/measure-s46/lockstep_c1_final2.json
 python3 scripts/bench_lockstep.py --configs plain,default --concurrency 2 --num-prompts 32 \
   --max-tokens 96 --repeats 3 --json runs/measure-s46/lockstep_c2_final.json
+python3 scripts/bench_lockstep.py --configs plain,default,hybrid --concurrency 2 --num-prompts 32 --max-tokens 96 --repeats 3 --json runs/measure-s46/lockstep_c2_hybrid.json
