@@ -238,9 +238,12 @@ class DSparkDrafter(KVDrafter):
             # Along the lookup prefix every earlier token is a lookup token, so the c_k
             # that decide it (from tokens < k) are known before anything is drawn: one
             # batched call, where a loop would pay a dozen small ops per position.
-            look_prev = torch.cat([anchors.unsqueeze(1), look_tok[:, :-1]], dim=1)  # [R, n]
-            c_look = self.confidence_head(h, mk.block_latents(look_prev, h) if mk is not None else None)
-            used = (look_conf >= c_look).cumprod(dim=1).bool()
+            if any(t for t, _ in lookup):
+                look_prev = torch.cat([anchors.unsqueeze(1), look_tok[:, :-1]], dim=1)  # [R, n]
+                c_look = self.confidence_head(h, mk.block_latents(look_prev, h) if mk is not None else None)
+                used = (look_conf >= c_look).cumprod(dim=1).bool()
+            else:  # no proposal at all (confidence -1 everywhere): the drafter's block alone
+                used = torch.zeros(r, num_tokens, dtype=torch.bool, device=dev)
 
         tokens, logits, latents = [], [], []
         prev, latent = anchors, None

@@ -222,7 +222,7 @@ class DSparkAsync(VerifyLengthPolicy):
         self._probe_gap = probe_every
         self._skipped = 0
         self.skipped_steps = 0
-        self._rates_cache: tuple[tuple, tuple, np.ndarray | list[float]] | None = None
+        self._rates_cache: tuple[tuple, tuple, list[float]] | None = None
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ScheduleError(
                 f"lag must be an integer >= 1, got {lag!r}: a budget from the current step's "
@@ -246,8 +246,7 @@ class DSparkAsync(VerifyLengthPolicy):
         self._probe_gap = self.probe_every
         self._rates_cache = None
 
-    def _rates(self, num_requests: int, num_drafted: int, others: int = 0,
-               other_tokens: int = 0) -> np.ndarray | list[float]:
+    def _rates(self, num_requests: int, num_drafted: int, others: int = 0, other_tokens: int = 0) -> list[float]:
         """Expected tokens per second at every budget 0..R*G, drafter cost included,
         from the step `lag` back (which must exist), for a step that also carries
         `others` requests and `other_tokens` prompt tokens. `should_draft` and `budget`
@@ -266,8 +265,8 @@ class DSparkAsync(VerifyLengthPolicy):
         entries = budgets * (lagged_requests / num_requests)  # lagged entries at B / R per request
         per_request = np.interp(entries, np.arange(cum_gain.size), cum_gain)  # g(B / R)
         expected = num_requests * (1.0 + per_request) + others
-        rates = expected / self.table.admission_times(num_requests + others + other_tokens + budgets, num_requests,
-                                                      others=others, other_tokens=other_tokens)
+        rates = (expected / self.table.admission_times(num_requests + others + other_tokens + budgets, num_requests,
+                                                       others=others, other_tokens=other_tokens)).tolist()
         self._rates_cache = (key, lagged, rates)
         return rates
 
@@ -310,15 +309,14 @@ class DSparkAsync(VerifyLengthPolicy):
         if self._warming():
             return num_requests * min(self.warmup_length, num_drafted)
         rates = self._rates(num_requests, num_drafted, others, other_tokens)
-        return rates.index(max(rates)) if isinstance(rates, list) else int(rates.argmax())  # first maximum: the cheapest
+        return rates.index(max(rates))  # first maximum: the cheapest
 
     def should_draft(self, num_requests: int, num_drafted: int) -> bool:
         self.probing = False
         if self.probe_every == 0 or num_requests == 0 or num_drafted == 0 or len(self._history) < self.lag:
             return True  # the first steps draft: their survivals are what later decisions rest on
         plain = num_requests / self.table.target_time(num_requests)
-        rates = self._rates(num_requests, num_drafted)
-        if (max(rates) if isinstance(rates, list) else rates.max()) > plain:
+        if max(self._rates(num_requests, num_drafted)) > plain:
             self._skipped = 0
             self._probe_gap = self.probe_every
             return True

@@ -183,22 +183,29 @@ class StepTimeTable:
         to it; without the chunk, drafts that fall past a knee it causes look free.)"""
         n_tokens = np.asarray(n_tokens, dtype=np.float64)
         times = self.step_times(n_tokens, n_requests) if drafted else self.target_times(n_tokens)
-        decodes = n_requests + others
-        plain = decodes + other_tokens
+        plain, chunk, overhead = self._admission_terms(n_requests, others, other_tokens)
         if other_tokens:
-            times = times - (self.target_time(plain) - self.target_time(decodes))
-        return times + np.where(n_tokens > plain, self.spec_overhead(decodes), 0.0)
+            times = times - chunk
+        return times + np.where(n_tokens > plain, overhead, 0.0)
 
     def admission_time(self, n_tokens: int, n_requests: int, drafted: bool = True, others: int = 0,
                        other_tokens: int = 0) -> float:
         """`admission_times` at one (integer) token count, from the remembered per-count
         times: the same numbers, without numpy's per-call cost."""
         t = self.target_time(n_tokens) + (self.drafter_time(n_requests) if drafted else 0.0)
+        plain, chunk, overhead = self._admission_terms(n_requests, others, other_tokens)
+        if other_tokens:
+            t = t - chunk
+        return t + (overhead if n_tokens > plain else 0.0)
+
+    def _admission_terms(self, n_requests: int, others: int, other_tokens: int) -> tuple[int, float, float]:
+        """The step's plain token count (decodes and prompt tokens), the prompt chunk's
+        share of the forward (not charged to the drafts), and the speculation overhead
+        at the decodes' load: what `admission_times` and `admission_time` both apply."""
         decodes = n_requests + others
         plain = decodes + other_tokens
-        if other_tokens:
-            t = t - (self.target_time(plain) - self.target_time(decodes))
-        return t + (self.spec_overhead(decodes) if n_tokens > plain else 0.0)
+        chunk = self.target_time(plain) - self.target_time(decodes) if other_tokens else 0.0
+        return plain, chunk, self.spec_overhead(decodes)
 
     def scale(self, factor: float) -> None:
         """Multiply every time, the drafter's too, by `factor` (in place: a scheduler
