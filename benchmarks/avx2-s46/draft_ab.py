@@ -1,7 +1,7 @@
 """The DSpark draft call before (e7373d0) and after this session's change, on a draft
 captured in a running engine (3 requests): 200 randomized comparisons (greedy and
 sampled, lookup proposals of random length and confidence) must give the same tokens,
-logits and lookup counts, then both are timed.
+logits and lookup counts, then both are timed, called alternately.
 
     python3 benchmarks/avx2-s46/draft_ab.py
 """
@@ -61,15 +61,17 @@ for trial in range(200):
     same &= (a.confidence - b.confidence).abs().max().item() <= 1e-5
     bad += not same
 print(f"{len(reqs)} requests, {n} tokens: {bad} of 200 randomized drafts differ")
-def timeit(f, k=40):
+def timed_pair(f, g, k=60):
+    """Medians of f and g in ms, called alternately (drift falls on both alike)."""
     for _ in range(5):
-        f()
-    ts = []
+        f(), g()
+    tf, tg = [], []
     for _ in range(k):
-        t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
+        for fn, ts in ((f, tf), (g, tg)):
+            t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    return statistics.median(tf) * 1e3, statistics.median(tg) * 1e3
 for rr in (reqs[:1], reqs):
     lk = [([], [])] * len(rr)
-    print(f"{len(rr)} request(s): with lookup {timeit(lambda: old_draft(rr, n, lookup=lk)):.2f} -> "
-          f"{timeit(lambda: new_draft(rr, n, lookup=lk)):.2f} ms; without {timeit(lambda: old_draft(rr, n)):.2f} -> "
-          f"{timeit(lambda: new_draft(rr, n)):.2f} ms")
+    a = timed_pair(lambda: old_draft(rr, n, lookup=lk), lambda: new_draft(rr, n, lookup=lk))
+    b = timed_pair(lambda: old_draft(rr, n), lambda: new_draft(rr, n))
+    print(f"{len(rr)} request(s): with lookup {a[0]:.2f} -> {a[1]:.2f} ms; without {b[0]:.2f} -> {b[1]:.2f} ms")
