@@ -40,6 +40,7 @@ from .config import DrafterConfig
 from .heads import ConfidenceHead, MarkovHead
 from .kv_drafter import KVDrafter
 from .layers import DrafterLayer, attention_mask, gather_past
+from .markov_walk import walk_vanilla
 from .target_parts import TargetParts
 
 
@@ -245,44 +246,30 @@ class DSparkDrafter(KVDrafter):
             else:  # no proposal at all (confidence -1 everywhere): the drafter's block alone
                 used = torch.zeros(r, num_tokens, dtype=torch.bool, device=dev)
 
-        tokens, logits, latents = [], [], []
-        prev, latent = anchors, None
+        look_used = (look_tok, used) if used is not None else None
         num_cand = self.markov_candidates
-        restrict = mk is not None and 0 < num_cand < base.shape[-1]
-        if restrict:
-            # The candidates' base logits, target ids and W2 rows for every position at
-            # once; the loop below then costs a few small ops per drafted token.
+        if mk is not None and 0 < num_cand < base.shape[-1]:
+            # The candidates' base logits, target ids and W2 rows for every position at once
             cand = base.topk(num_cand, dim=-1).indices  # [R, n, C]
             base_cand = base.gather(-1, cand)  # [R, n, C]
             cand_target = self.to_target_ids(cand)  # [R, n, C]
             w2c = mk.markov_w2.weight[cand].to(mk.markov_w1.weight.dtype)  # [R, n, C, rank]
-        for k in range(num_tokens):
-            if mk is not None:
-                latent = mk.latent(prev, h[:, k], latent)  # [R, rank]
-                latents.append(latent)
-                if restrict:
-                    bias = torch.bmm(w2c[:, k], latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
-                    step = base_cand[:, k] + bias.float()  # over the candidates only
-                    chosen = cand_target[:, k].gather(1, choose_tokens(step, requests).unsqueeze(1)).squeeze(1)
-                else:
-                    step = base[:, k] + mk.bias(latent).float()
-                    chosen = self.to_target_ids(choose_tokens(step, requests))
+            if mk.kind == "vanilla":  # every row the draft can need, precomputed (markov_walk.py)
+                out_tokens, step_logits = walk_vanilla(base_cand, cand_target, w2c, mk.markov_w1.weight, anchors,
+                                                       requests, *(look_used or (None, None)))
+                latents = mk.latent(torch.cat([anchors.unsqueeze(1), out_tokens[:, :-1]], dim=1), h)
             else:
-                step = base[:, k]
-                chosen = self.to_target_ids(choose_tokens(step, requests))
-            prev = chosen if used is None else torch.where(used[:, k], look_tok[:, k], chosen)
-            tokens.append(prev)
-            logits.append(step)
-        step_logits = torch.stack(logits, dim=1)
-        if restrict:  # the restricted distribution over the target vocabulary: -inf but at the candidates
+                out_tokens, step_logits, latents = self._walk(h, base_cand, anchors, requests, look_used,
+                                                              (cand_target, w2c))
+            # the restricted distribution over the target vocabulary: -inf but at the candidates
             full = step_logits.new_full((r, num_tokens, self.config.vocab_size), float("-inf"))
             out_logits = full.scatter_(2, cand_target, step_logits)
         else:
+            out_tokens, step_logits, latents = self._walk(h, base, anchors, requests, look_used)
             out_logits = self.to_target_logits(step_logits)
-        out_tokens = torch.stack(tokens, dim=1)
         conf = None
         if self.confidence_head is not None:
-            conf = self.confidence_head(h, torch.stack(latents, dim=1) if latents else None)
+            conf = self.confidence_head(h, latents)
         if lookup is None:
             return DraftOutput(out_tokens, out_logits, conf)
         # A lookup token's q is a point mass; its confidence is lookup's own.
@@ -293,6 +280,37 @@ class DSparkDrafter(KVDrafter):
             out_logits[rows, ks, out_tokens[rows, ks]] = 0.0
         return DraftOutput(out_tokens, out_logits, torch.where(used, look_conf, conf), num_lookup=used.sum(1))
 
+    def _walk(self, h: torch.Tensor, base: torch.Tensor, anchors: torch.Tensor, requests: list[DraftRequest],
+              look_used: tuple[torch.Tensor, torch.Tensor] | None,
+              restricted: tuple[torch.Tensor, torch.Tensor] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The left-to-right part of a draft, position by position (any Markov head, or
+        none): (tokens [R, n] target ids, the logits each was chosen from [R, n, V'],
+        Markov latents [R, n, rank] or None). `base` is over the draft vocabulary, or
+        over the candidates when `restricted` = (their target ids, their W2 rows)."""
+        mk = self.markov_head
+        tokens, logits, latents = [], [], []
+        prev, latent = anchors, None
+        for k in range(base.shape[1]):
+            if mk is not None:
+                latent = mk.latent(prev, h[:, k], latent)  # [R, rank]
+                latents.append(latent)
+                if restricted is not None:
+                    cand_target, w2c = restricted
+                    bias = torch.bmm(w2c[:, k], latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
+                    step = base[:, k] + bias.float()  # over the candidates only
+                    chosen = cand_target[:, k].gather(1, choose_tokens(step, requests).unsqueeze(1)).squeeze(1)
+                else:
+                    step = base[:, k] + mk.bias(latent).float()
+                    chosen = self.to_target_ids(choose_tokens(step, requests))
+            else:
+                step = base[:, k]
+                chosen = self.to_target_ids(choose_tokens(step, requests))
+            prev = chosen if look_used is None else torch.where(look_used[1][:, k], look_used[0][:, k], chosen)
+            tokens.append(prev)
+            logits.append(step)
+        return (torch.stack(tokens, dim=1), torch.stack(logits, dim=1),
+                torch.stack(latents, dim=1) if latents else None)
 
 def _lookup_tensors(lookup: list[tuple[list[int], list[float]]], num_tokens: int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
