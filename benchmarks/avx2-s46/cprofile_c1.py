@@ -23,4 +23,4 @@ def run():
             e.step()
 pr = cProfile.Profile()
 pr.enable(); run(); pr.disable()
-pstats.Stats(pr).sort_stats("cumulative").print_stats(45)
+pstats.Stats(pr).sort_stats("tottime" if "tottime" in sys.argv else "cumulative").print_stats(45)
