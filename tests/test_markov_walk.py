@@ -11,7 +11,7 @@ from dspark.drafters.base import DraftRequest
 from dspark.drafters.markov_walk import walk_vanilla
 from dspark.sampling import SamplingParams, sample_rows
 
-VOCAB, RANK, C, N = 300, 8, 12, 5
+VOCAB, RANK, C = 300, 8, 12
 
 
 def reference(base_cand, cand_target, w2c, w1, anchor, params, gen, look=None, m=0):
@@ -28,8 +28,9 @@ def reference(base_cand, cand_target, w2c, w1, anchor, params, gen, look=None, m
     return tokens, torch.stack(rows)
 
 
+@pytest.mark.parametrize("N", [1, 5])
 @pytest.mark.parametrize("with_lookup", [False, True])
-def test_walk_matches_the_position_by_position_reference(with_lookup):
+def test_walk_matches_the_position_by_position_reference(with_lookup, N):
     rng = random.Random(7)
     torch.manual_seed(7)
     w1 = torch.randn(VOCAB, RANK)
