@@ -289,11 +289,10 @@ class HybridDrafter(Drafter):
         c = out.confidence.float()
         own = torch.arange(num_tokens, device=c.device).unsqueeze(0) >= out.num_lookup.to(c.device).unsqueeze(1)
         counts = own.sum(0)
-        sums = (c * own).sum(0)
+        means = ((c * own).sum(0) / counts.clamp_min(1)).tolist()  # one transfer, not one per position
         mean = self.drafter_mean or [0.0] * self.max_draft_tokens
-        for k in range(num_tokens):
-            if counts[k] > 0:
-                x = float(sums[k] / counts[k])
+        for k, (n, x) in enumerate(zip(counts.tolist(), means)):
+            if n > 0:
                 mean[k] = x if self.drafter_mean is None else (1 - rate) * mean[k] + rate * x
         self.drafter_mean = mean
 
