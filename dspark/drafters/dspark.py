@@ -16,7 +16,8 @@ Data flow of one `draft` call for request r with context length P:
     c_k    = confidence head (h_k, Markov latent)
 
 The backbone runs once per call for all requests (one padded batch); only the cheap
-Markov bias and the sampling go left to right. The block always has its full
+Markov bias and the sampling go left to right (for the vanilla head over restricted
+candidates, every row they can need is precomputed first: markov_walk.py). The block always has its full
 `block_size`, also when fewer tokens are asked for, so that position k sees what it
 saw in training.
 
@@ -311,6 +312,7 @@ class DSparkDrafter(KVDrafter):
             logits.append(step)
         return (torch.stack(tokens, dim=1), torch.stack(logits, dim=1),
                 torch.stack(latents, dim=1) if latents else None)
+
 
 def _lookup_tensors(lookup: list[tuple[list[int], list[float]]], num_tokens: int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
