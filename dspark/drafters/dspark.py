@@ -17,9 +17,9 @@ Data flow of one `draft` call for request r with context length P:
 
 The backbone runs once per call for all requests (one padded batch); only the cheap
 Markov bias and the sampling go left to right (for the vanilla head over restricted
-candidates, every row they can need is precomputed first: markov_walk.py). The block always has its full
-`block_size`, also when fewer tokens are asked for, so that position k sees what it
-saw in training.
+candidates, every row they can need is precomputed first: markov_walk.py). The block
+always has its full `block_size`, also when fewer tokens are asked for, so that
+position k sees what it saw in training.
 
 Training (teacher forcing over whole sequences) reuses the same pieces:
 `context_features` -> `context_kv` -> `run_backbone` with an explicit mask that lets
