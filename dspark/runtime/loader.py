@@ -102,6 +102,23 @@ NOT_INVARIANT_WARNING = (
     "depend on what else shares its step, so greedy output with speculation, batching or chunked prefill "
     "can differ from plain decoding at near-ties (use --dtype auto, bf16w or fp32 for exact output)")
 
+FP32_NOT_INVARIANT_NOTE = (
+    "dtype fp32: torch's matmuls on this CPU give a row different last bits depending on how many rows "
+    "share the product, so greedy output with speculation, batching or chunked prefill can differ from "
+    "plain decoding at near-ties (bf16w and bf16x use native kernels that do not)")
+
+
+def fp32_rows_invariant(width: int, rows: int = 8) -> bool:
+    """Whether torch's fp32 linear gives every row the same bits whatever the number of
+    rows in the product (1..rows), on this CPU and thread count, for a width x width
+    weight (a few milliseconds)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(width, width, generator=gen)
+    x = torch.randn(rows, width, generator=gen)
+    with torch.inference_mode():
+        full = torch.nn.functional.linear(x, w)
+        return all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in range(1, rows))
+
 
 def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     """The fastest batch-invariant CPU precision for this model on this CPU, by a short
@@ -298,6 +315,9 @@ def load_transformer(
             log(line)
     elif precision == "bf16" and torch.device(device).type == "cpu" and log is not None:
         log(NOT_INVARIANT_WARNING)
+    if precision == "fp32" and torch.device(device).type == "cpu" and log is not None \
+            and not fp32_rows_invariant(cfg.hidden_size):
+        log(FP32_NOT_INVARIANT_NOTE)
     device = torch.device(device)
     cache_file = prepared_path(path, precision) if device.type == "cpu" else None
     tensors = load_prepared(cache_file)
