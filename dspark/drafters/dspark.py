@@ -290,6 +290,7 @@ class DSparkDrafter(KVDrafter):
         Markov latents [R, n, rank] or None). `base` is over the draft vocabulary, or
         over the candidates when `restricted` = (their target ids, their W2 rows)."""
         mk = self.markov_head
+        cand_target, w2c = restricted if restricted is not None else (None, None)
         tokens, logits, latents = [], [], []
         prev, latent = anchors, None
         for k in range(base.shape[1]):
@@ -297,7 +298,6 @@ class DSparkDrafter(KVDrafter):
                 latent = mk.latent(prev, h[:, k], latent)  # [R, rank]
                 latents.append(latent)
                 if restricted is not None:
-                    cand_target, w2c = restricted
                     bias = torch.bmm(w2c[:, k], latent.unsqueeze(-1)).squeeze(-1)  # [R, C]
                     step = base[:, k] + bias.float()  # over the candidates only
                     chosen = cand_target[:, k].gather(1, choose_tokens(step, requests).unsqueeze(1)).squeeze(1)

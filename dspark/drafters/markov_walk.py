@@ -31,7 +31,7 @@ from .base import DraftRequest, choose_tokens
 def walk_vanilla(
     base_cand: torch.Tensor,  # [R, n, C] fp32 backbone logits of the candidates
     cand_target: torch.Tensor,  # [R, n, C] their target ids
-    w2c: torch.Tensor,  # [R, n, C, rank] their W2 rows
+    w2c: torch.Tensor,  # [R, n, C, rank] their W2 rows, in W1's dtype
     w1: torch.Tensor,  # [target vocab, rank] W1
     anchors: torch.Tensor,  # [R] target ids
     requests: list[DraftRequest],
@@ -42,7 +42,6 @@ def walk_vanilla(
     chosen from; at lookup positions the row for the lookup prefix, which the caller
     replaces by a point mass)."""
     r, n, c = base_cand.shape
-    w2c = w2c.to(w1.dtype)
     # external previous tokens: the anchor, then (with lookup) the lookup token before k
     if used is not None and bool(used.any()):
         ext_prev = torch.cat([anchors.unsqueeze(1), look_tok[:, :-1]], dim=1)  # [R, n]

@@ -94,7 +94,10 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
 #: the step (one fixed reduction order, no shape-dependent kernel choice), so that a
 #: verification step or a chunked prefill gives bit for bit the logits of decoding the
 #: tokens one by one. oneDNN's bf16 matmuls pick their blocking by shape, so `bf16` on a
-#: CPU is not among them: `auto` never picks it.
+#: CPU is not among them: `auto` never picks it. `fp32` is here as the reference
+#: precision, but its matmuls are torch's, which are batch-invariant on some CPUs and
+#: not on others (a 2-core AVX2 EPYC: not); a load in fp32 checks the CPU and says so
+#: (`fp32_rows_invariant`). A native fp32 kernel would make it so everywhere.
 BATCH_INVARIANT_CPU = ("bf16w", "bf16x", "fp32")
 
 NOT_INVARIANT_WARNING = (
