@@ -194,7 +194,7 @@ def build_drafter(spec: SpeculativeConfig, target):
         sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
                               min_ngram=spec.prompt_lookup_min, **sizes)
-    from dspark.runtime.weight_formats import pack_cpu_bf16_linears, use_bf16_weights
+    from dspark.runtime.weight_formats import pack_cpu_bf16_linears, use_bf16_weights, use_f32_panels, weight_kind
 
     path = spec.drafter_path(target.name)
     if path is None:
@@ -209,6 +209,8 @@ def build_drafter(spec: SpeculativeConfig, target):
         # the target's weight format for the drafter's linears too: a draft reads its
         # weights once per step, and fp32 weights double that traffic
         use_bf16_weights(drafter, embeddings=False, kind=precision)
+    elif precision == "fp32" and weight_kind(target.model.layers[0].qkv_proj) == "f32w":
+        use_f32_panels(drafter)  # the target's batch-invariant fp32 kernel (2-3 rows at a row's cost)
     else:
         pack_cpu_bf16_linears(drafter)
     if spec.lookup:

@@ -6,6 +6,9 @@
   precision of the runtime: on CPUs without avx512_bf16, torch has no fast bf16
   matmul (its bf16 kernels are slower than fp32 there), while decode is bound by
   reading the weights; this kernel reads half the bytes of fp32.
+- `gemm_f32w` (kernels/gemm_f32w.c): the same matmul (kernels/gemm_panels.h) over fp32
+  weights in panels (`PackedF32`): the `fp32` precision's linears on a CPU, where
+  torch's fp32 matmul is not batch-invariant on every CPU.
 - `gemm_bf16dot` (kernels/gemm_bf16dot.c): the `bf16x` precision on CPUs with
   avx512_bf16: bf16 weights, activations rounded to bf16 at the matmul's input, fp32
   accumulation by VDPBF16PS (twice the multiply-adds of an fp32 FMA), weights packed
@@ -13,7 +16,7 @@
 - `attention_f32` (kernels/attention_f32.c): writes a step's keys and values into the
   KV cache and attends, each token over its own slot's positions.
 - `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_` (kernels/elementwise_f32.c).
-- `dspark_decoder_bf16w` (kernels/decoder_f32.c): all of a bf16w model's decoder
+- `dspark_decoder_layers` (kernels/decoder_f32.c): all of a native model's decoder
   layers through the kernels above in one call (`native_stack.NativeStack`).
 
 Each computes a row the same way whatever the batch, so verification, chunked prefill
@@ -39,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_bf16dot.c",
-                                                                  "attention_f32.c", "elementwise_f32.c",
+_SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_f32w.c",
+                                                                  "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c",
                                                                   "decoder_f32.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
@@ -112,6 +115,8 @@ def load() -> ctypes.CDLL | None:
     fn = lib.dspark_gemm_bf16w_packed
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
+    lib.dspark_gemm_f32w_packed.argtypes = fn.argtypes
+    lib.dspark_gemm_f32w_packed.restype = None
     lib.dspark_gemm_bf16w_set_isa.argtypes = [ctypes.c_int]
     lib.dspark_gemm_bf16w_set_isa.restype = ctypes.c_int
     lib.dspark_gemm_bf16w_isa.restype = ctypes.c_int
@@ -140,13 +145,13 @@ def load() -> ctypes.CDLL | None:
 
 
 def gemm_isa() -> str | None:
-    """The bf16w matmul's variant in use: "avx512" or "avx2" (None without the kernels)."""
+    """The bf16w and f32w matmuls' variant in use: "avx512" or "avx2" (None without the kernels)."""
     lib = load()
     return None if lib is None else ("avx512" if lib.dspark_gemm_bf16w_isa() == 512 else "avx2")
 
 
 def set_gemm_isa(isa: str) -> str:
-    """Use the "avx2" or the "avx512" variant of the bf16w matmul (both give the same
+    """Use the "avx2" or the "avx512" variant of the bf16w and f32w matmuls (both give the same
     bits; "avx512" falls back to "avx2" on CPUs without it); returns the one in use.
     `DSPARK_GEMM_ISA=avx2` does the same at load."""
     lib = load()
@@ -221,6 +226,43 @@ def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",
         raise RuntimeError(f"native bf16w kernel unavailable: {_why}")
     packed = weight if isinstance(weight, PackedBf16) else PackedBf16(weight)
     return _run_packed(lib.dspark_gemm_bf16w_packed, x, packed, bias, "gemm_bf16w")
+
+
+class PackedF32:
+    """An fp32 weight [N, K] laid out for the f32w kernel: ceil(N / 16) panels of [K][16],
+    the 16 columns in order."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+            raise TypeError("gemm_f32w takes a CPU fp32 weight [out_features, in_features]")
+        n, k = weight.shape
+        p = (n + 15) // 16
+        padded = weight.new_zeros(p * 16, k)
+        padded[:n] = weight
+        self.data = padded.view(p, 16, k).transpose(1, 2).contiguous()  # [p, K, 16]
+        self.out_features, self.in_features = n, k
+
+    @classmethod
+    def from_panels(cls, data: torch.Tensor, out_features: int) -> "PackedF32":
+        """A packing made earlier (its `data`, e.g. mapped from a prepared checkpoint)."""
+        p, k, width = data.shape
+        if data.dtype != torch.float32 or width != 16 or p != (out_features + 15) // 16:
+            raise ValueError(f"panels {tuple(data.shape)} {data.dtype} do not hold {out_features} fp32 rows")
+        self = cls.__new__(cls)
+        self.data, self.out_features, self.in_features = data, out_features, k
+        return self
+
+
+def gemm_f32w(x: torch.Tensor, weight: "torch.Tensor | PackedF32",
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] fp32 @ weight[N, K].T (fp32) (+ bias [N]) -> [..., N] fp32, each
+    element one FMA chain over k ascending: batch-invariant. `weight` is an fp32 tensor
+    (packed on every call) or, for repeated use, a `PackedF32` of it."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"native f32w kernel unavailable: {_why}")
+    packed = weight if isinstance(weight, PackedF32) else PackedF32(weight)
+    return _run_packed(lib.dspark_gemm_f32w_packed, x, packed, bias, "gemm_f32w")
 
 
 class PackedBf16Dot:

@@ -17,7 +17,7 @@ from dspark.errors import UserError
 
 from .config import ConfigError, ModelConfig
 from .model import Transformer
-from .weight_formats import bf16w_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights
+from .weight_formats import native_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights, use_f32_panels
 from .prepared import PANELS, load_prepared, prepared_path, save_prepared
 
 
@@ -94,10 +94,11 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
 #: the step (one fixed reduction order, no shape-dependent kernel choice), so that a
 #: verification step or a chunked prefill gives bit for bit the logits of decoding the
 #: tokens one by one. oneDNN's bf16 matmuls pick their blocking by shape, so `bf16` on a
-#: CPU is not among them: `auto` never picks it. `fp32` is here as the reference
-#: precision, but its matmuls are torch's, which are batch-invariant on some CPUs and
-#: not on others (a 2-core AVX2 EPYC: not); a load in fp32 checks the CPU and says so
-#: (`fp32_rows_invariant`). A native fp32 kernel would make it so everywhere.
+#: CPU is not among them: `auto` never picks it. `fp32` runs its linears through the
+#: native fp32-weight kernel (`use_f32_panels`); only where the native kernels cannot
+#: run does it fall back to torch's matmuls, which are batch-invariant on some CPUs and
+#: not on others (a 2-core AVX2 EPYC: not), and a load then says so
+#: (`fp32_rows_invariant`).
 BATCH_INVARIANT_CPU = ("bf16w", "bf16x", "fp32")
 
 NOT_INVARIANT_WARNING = (
@@ -106,9 +107,9 @@ NOT_INVARIANT_WARNING = (
     "can differ from plain decoding at near-ties (use --dtype auto, bf16w or fp32 for exact output)")
 
 FP32_NOT_INVARIANT_NOTE = (
-    "dtype fp32: torch's matmuls on this CPU give a row different last bits depending on how many rows "
-    "share the product, so greedy output with speculation, batching or chunked prefill can differ from "
-    "plain decoding at near-ties (bf16w and bf16x use native kernels that do not)")
+    "dtype fp32 without the native kernels: torch's matmuls on this CPU give a row different last bits "
+    "depending on how many rows share the product, so greedy output with speculation, batching or chunked "
+    "prefill can differ from plain decoding at near-ties")
 
 
 def fp32_rows_invariant(width: int, rows: int = 8) -> bool:
@@ -147,7 +148,7 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     import time
 
     from . import cpu_kernels
-    from .weight_formats import _Bf16DotLinearForward, _Bf16WeightLinearForward
+    from .weight_formats import _Bf16DotLinearForward, _Bf16WeightLinearForward, _F32PanelLinearForward
 
     if not cpu_kernels.available():
         why = cpu_kernels.why_unavailable()
@@ -164,8 +165,8 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
             lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
             lin.weight = torch.nn.Parameter(w.to(torch.float32 if name == "fp32" else torch.bfloat16),
                                             requires_grad=False)
-            fwd = {"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward}.get(name)
-            fwd = lin.forward if fwd is None else fwd(lin)
+            fwd = {"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward,
+                   "fp32": _F32PanelLinearForward}[name](lin)
             times = []
             for r in range(repeats + 2):
                 t0 = time.perf_counter()
@@ -318,10 +319,13 @@ def load_transformer(
             log(line)
     elif precision == "bf16" and torch.device(device).type == "cpu" and log is not None:
         log(NOT_INVARIANT_WARNING)
-    if precision == "fp32" and torch.device(device).type == "cpu" and log is not None \
+    device = torch.device(device)
+    from . import cpu_kernels
+
+    f32_panels = precision == "fp32" and device.type == "cpu" and cpu_kernels.available()
+    if precision == "fp32" and device.type == "cpu" and not f32_panels and log is not None \
             and not fp32_rows_invariant(cfg.hidden_size):
         log(FP32_NOT_INVARIANT_NOTE)
-    device = torch.device(device)
     cache_file = prepared_path(path, precision) if device.type == "cpu" else None
     tensors = load_prepared(cache_file)
     fresh = tensors is None
@@ -347,10 +351,12 @@ def load_transformer(
         p.requires_grad_(False)
     if precision in ("bf16w", "bf16x"):
         use_bf16_weights(model, panels, kind=precision)
+    elif f32_panels:
+        use_f32_panels(model, panels)
     if fresh and cache_file is not None:
         state = {k: v for k, v in model.state_dict().items()
                  if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
-        state.update({name + PANELS: data for name, data in bf16w_panels(model).items()})
+        state.update({name + PANELS: data for name, data in native_panels(model).items()})
         save_prepared(cache_file, state)
     pack_cpu_bf16_linears(model)
     return model

@@ -306,12 +306,13 @@ class Transformer(nn.Module):
                 and self.cfg.head_dim % 8 == 0 and cache.k[0].is_contiguous() and _native_ok(self.norm.weight))
 
     def _stack(self) -> NativeStack | None:
-        """The decoder layers in one native call, for a bf16w model on a CPU (built on
-        first use; a model's linears become bf16w once, at load)."""
+        """The decoder layers in one native call, for a model on a CPU whose linears run
+        native kernels (bf16w, bf16x, fp32 as f32w; built on first use, after the
+        linears were switched at load)."""
         key = (self.precision, self.device.type)
         if self.__dict__.get("_stack_key") != key:
             self._stack_key = key
-            self._native_stack = (NativeStack.for_layers(self.layers) if key in (("bf16w", "cpu"), ("bf16x", "cpu"))
+            self._native_stack = (NativeStack.for_layers(self.layers) if key in (("bf16w", "cpu"), ("bf16x", "cpu"), ("fp32", "cpu"))
                                   and self.dtype == torch.float32 else None)
         return self._native_stack
 

@@ -1,4 +1,5 @@
-"""A bf16w model's decoder layers in one native call (kernels/decoder_f32.c).
+"""A model's decoder layers in one native call (kernels/decoder_f32.c), for weights
+in a native kernel's panels (bf16w, bf16x, or fp32 on a CPU: f32w).
 
 The layer-by-layer path makes about ten calls into the native kernels per layer, each
 from Python with its argument checks and new output tensors: some 300 calls and a few
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from . import cpu_kernels
-from .weight_formats import _Bf16WeightLinearForward, weight_kind
+from .weight_formats import _NativeLinearForward, weight_kind
 
 #: per layer, in the order kernels/decoder_f32.c reads them
 _PTRS = ("qkv_w", "qkv_b", "o_w", "gu_w", "down_w", "ln1", "ln2", "k_cache", "v_cache", "q_norm", "k_norm")
@@ -31,11 +32,11 @@ _K_CACHE, _V_CACHE = _PTRS.index("k_cache"), _PTRS.index("v_cache")
 
 def _packed(mod: nn.Linear) -> torch.Tensor | None:
     fwd = mod.__dict__.get("forward")
-    return fwd.packed.data if isinstance(fwd, _Bf16WeightLinearForward) else None
+    return fwd.packed.data if isinstance(fwd, _NativeLinearForward) else None
 
 
 #: the kernel's code for each weight kind (kernels/decoder_f32.c `gemm`)
-_KINDS = {"bf16w": 0, "bf16x": 1}
+_KINDS = {"bf16w": 0, "bf16x": 1, "f32w": 2}
 
 
 def _one_kind(mods) -> str | None:
@@ -57,7 +58,7 @@ class NativeStack:
     def __init__(self, cfg, parts: list[dict], lib: ctypes.CDLL, kind: str = "bf16w") -> None:
         """parts: per layer, the packed panels "qkv", "o", "gu", "down" (bf16), the fp32
         "qkv_b" (or None), "ln1", "ln2" and the per-head "q_norm", "k_norm" (or None).
-        kind: the weights' kind, "bf16w" or "bf16x" (one for all)."""
+        kind: the weights' kind, "bf16w", "bf16x" or "f32w" (one for all)."""
         self.cfg, self.lib, self.kind = cfg, lib, _KINDS[kind]
         self._context = None  # a drafter's (fc panels, hidden_norm weight, tap width)
         self._keep: list[torch.Tensor] = []  # tensors whose addresses the kernel gets
@@ -71,7 +72,7 @@ class NativeStack:
         self.ptrs = torch.tensor(rows, dtype=torch.int64)
         self._cache: weakref.ref | None = None
         self._cols: tuple[tuple, torch.Tensor | None] = ((None,), None)  # tap layers -> column per layer
-        fn = lib.dspark_decoder_bf16w
+        fn = lib.dspark_decoder_layers
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 8
                        + [ctypes.c_void_p] * 5 + [ctypes.c_float] * 2 + [ctypes.c_void_p] * 3
                        + [ctypes.c_int64, ctypes.c_int, ctypes.c_int])
@@ -85,7 +86,7 @@ class NativeStack:
     @classmethod
     def for_layers(cls, layers: nn.ModuleList) -> "NativeStack | None":
         """A stack for the runtime's decoder layers, or None: no native kernels,
-        `DSPARK_NO_NATIVE_STACK` set, a linear not bf16w, a norm not fp32, or a bias the
+        `DSPARK_NO_NATIVE_STACK` set, a linear not native (bf16w, bf16x, f32w), a norm not fp32, or a bias the
         kernel does not take (only the qkv projection may have one)."""
         lib = cls._lib()
         if lib is None or not len(layers):
@@ -154,7 +155,7 @@ class NativeStack:
         stack = cls(cfg, parts, lib, kind)
         stack._context = context
         if context is not None:
-            fn = lib.dspark_drafter_context_bf16w
+            fn = lib.dspark_drafter_context
             fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3
                            + [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 4
                            + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
@@ -198,7 +199,7 @@ class NativeStack:
         slots = token_slots.to(torch.int64).contiguous()
         pos = positions.to(torch.int64).contiguous()
         vis = None if visible is None else visible.to(torch.int64).contiguous()
-        if self.lib.dspark_decoder_bf16w(
+        if self.lib.dspark_decoder_layers(
                 x.data_ptr(), n, self.ptrs.data_ptr(), len(self.ptrs), hidden, cfg.num_heads, kvh, d, inter, s,
                 length, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), pos.data_ptr(),
                 None if vis is None else vis.data_ptr(), cfg.rms_norm_eps,
@@ -226,7 +227,7 @@ class NativeStack:
         cos, sin = cos.contiguous(), sin.contiguous()
         slots = token_slots.to(torch.int64).contiguous()
         pos = positions.to(torch.int64).contiguous()
-        if self.lib.dspark_drafter_context_bf16w(
+        if self.lib.dspark_drafter_context(
                 taps.data_ptr(), n, width, fc.data_ptr(), hn.data_ptr(), self.ptrs.data_ptr(), len(self.ptrs),
                 hidden, cfg.num_heads, kvh, d, s, length, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
                 pos.data_ptr(), cfg.rms_norm_eps, scratch.data_ptr(), torch.get_num_threads(), self.kind):

@@ -1,12 +1,12 @@
 """A checkpoint in the runtime's own layout, cached so a start maps it from disk.
 
 The first load of a checkpoint at a precision fuses its projections (q/k/v, gate/up),
-converts them to the precision's storage dtypes and, for bf16w, packs them into the
-native kernel's panels; together that is most of a start-up. The result is written
+converts them to the precision's storage dtypes and, for bf16w and fp32 on a CPU, packs
+them into the native kernel's panels; together that is most of a start-up. The result is written
 once to `<cache>/prepared/` as safetensors; later starts map that file (no copy, no
 conversion: the bytes are the ones the first start computed, so outputs are
 identical). A file is keyed by the checkpoint's files (path, size, mtime), the
-precision, this layout's version and, for bf16w, the kernels' build; a changed
+precision, this layout's version and, where the native kernels run, their build; a changed
 checkpoint or runtime gets a new file. Small checkpoints (tests' tiny models) are not
 cached: converting them is quicker than a file.
 
@@ -48,9 +48,9 @@ def prepared_path(src: Path, precision: str) -> Path | None:
     if sum(st.st_size for _, st in stats) < MIN_BYTES:
         return None
     ident = "|".join(f"{f}:{st.st_size}:{st.st_mtime_ns}" for f, st in stats)
-    if precision in ("bf16w", "bf16x"):
-        from . import cpu_kernels
+    from . import cpu_kernels
 
+    if precision in ("bf16w", "bf16x") or (precision == "fp32" and cpu_kernels.available()):
         ident += "|" + cpu_kernels.build_id()
     digest = hashlib.sha1(f"{ident}|{precision}|{LAYOUT_VERSION}".encode()).hexdigest()[:12]
     return cache_root() / "prepared" / f"{src.name}-{precision}-{digest}.safetensors"

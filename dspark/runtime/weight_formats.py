@@ -2,7 +2,9 @@
 modules without random weights.
 
 - `bf16w`: weights in bf16, packed once into the native kernel's panels, computed in
-  fp32 (`use_bf16_weights`, `bf16w_panels`, `linear_input_dtype`);
+  fp32 (`use_bf16_weights`, `native_panels`, `linear_input_dtype`);
+- `fp32` on a CPU: weights in fp32, packed into the same kernel's panels
+  (`use_f32_panels`): batch-invariant, unlike torch's fp32 matmul on some CPUs;
 - `bf16` on a CPU: oneDNN with the weight pre-packed (`pack_cpu_bf16_linears`);
 - `skip_weight_init`: build `nn.Linear` / `nn.Embedding` whose weights a checkpoint
   replaces next, without drawing random ones.
@@ -19,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import PackedBf16, PackedBf16Dot, gemm_bf16w, gemm_bf16x
+from .cpu_kernels import PackedBf16, PackedBf16Dot, PackedF32, gemm_bf16w, gemm_bf16x, gemm_f32w
 
 
 class _PackedLinearForward:
@@ -60,7 +62,15 @@ def pack_cpu_bf16_linears(model: nn.Module) -> int:
     return n
 
 
-class _Bf16WeightLinearForward:
+class _NativeLinearForward:
+    """An `nn.Linear`'s forward through one of the native matmuls, its weight packed
+    once (`packed`: the kernel's panels); later in-place changes to the weight are not
+    seen. The subclasses say which kernel."""
+
+    module: nn.Linear
+
+
+class _Bf16WeightLinearForward(_NativeLinearForward):
     """`nn.Linear` with its weight stored in bf16 and computed in fp32 by the native
     AVX2 kernel (`cpu_kernels.gemm_bf16w`): the `bf16w` precision. Autograd keeps a
     plain fp32 path over the same (bf16-rounded) weight values. The weight is packed
@@ -94,18 +104,36 @@ class _Bf16DotLinearForward(_Bf16WeightLinearForward):
         return gemm_bf16x(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
 
 
+class _F32PanelLinearForward(_NativeLinearForward):
+    """The `fp32` precision's linear on a CPU: fp32 weights in the native kernel's
+    panels (`cpu_kernels.gemm_f32w`), one FMA chain per output whatever the batch.
+    Autograd keeps the plain path."""
+
+    def __init__(self, module: nn.Linear, packed: PackedF32 | None = None) -> None:
+        self.module = module
+        self.packed = packed or PackedF32(module.weight.detach())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
+            return F.linear(x, m.weight, m.bias)
+        return gemm_f32w(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
+
+
 def weight_kind(mod: nn.Module) -> str | None:
-    """"bf16w" or "bf16x" for a linear switched to a native kernel, else None."""
+    """"bf16w", "bf16x" or "f32w" for a linear switched to a native kernel, else None."""
     fwd = mod.__dict__.get("forward")
     if isinstance(fwd, _Bf16DotLinearForward):
         return "bf16x"
+    if isinstance(fwd, _F32PanelLinearForward):
+        return "f32w"
     return "bf16w" if isinstance(fwd, _Bf16WeightLinearForward) else None
 
 
 def linear_input_dtype(mod: nn.Linear) -> torch.dtype:
-    """The dtype a linear's input should have: fp32 for a bf16w or bf16x linear (bf16
-    weights, fp32 activations), else its weight's."""
-    return torch.float32 if isinstance(mod.__dict__.get("forward"), _Bf16WeightLinearForward) else mod.weight.dtype
+    """The dtype a linear's input should have: fp32 for a native linear (bf16w, bf16x:
+    bf16 weights, fp32 activations; f32w), else its weight's."""
+    return torch.float32 if isinstance(mod.__dict__.get("forward"), _NativeLinearForward) else mod.weight.dtype
 
 
 def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = None,
@@ -114,7 +142,7 @@ def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = 
     `model` in bf16 and run the linears through the native bf16-weight/fp32-compute
     kernel; everything else (norms, rotary tables, KV cache, activations) stays fp32.
     Tied weights stay tied. `panels`: the kernel's packing of each linear by module
-    name, made earlier (`bf16w_panels`); the others are packed here. With kind
+    name, made earlier (`native_panels`); the others are packed here. With kind
     "bf16x", linears whose input width is a multiple of 32 take the bf16x kernel
     instead (inputs rounded to bf16; the others stay bf16w). Returns how many linears
     were switched."""
@@ -143,10 +171,28 @@ def use_bf16_weights(model: nn.Module, panels: dict[str, torch.Tensor] | None = 
     return n
 
 
-def bf16w_panels(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The native kernel's packing of each bf16w linear of `model`, by module name."""
+def use_f32_panels(model: nn.Module, panels: dict[str, torch.Tensor] | None = None) -> int:
+    """Run every fp32 CPU `nn.Linear` of `model` through the native fp32-weight kernel
+    (the `fp32` precision on a CPU; the weights stay as they are, for autograd and tied
+    embeddings). `panels`: each linear's packing by module name, made earlier
+    (`native_panels`); the others are packed here. Returns how many were switched."""
+    panels = panels or {}
+    n = 0
+    for name, mod in model.named_modules():
+        if (isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu" and mod.weight.dtype == torch.float32
+                and "forward" not in mod.__dict__):
+            ready = panels.get(name)
+            mod.forward = _F32PanelLinearForward(mod, None if ready is None else
+                                                 PackedF32.from_panels(ready, mod.out_features))
+            n += 1
+    return n
+
+
+def native_panels(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The native kernel's packing of each bf16w or f32w linear of `model`, by module
+    name (what a prepared checkpoint keeps, so a later load does not pack again)."""
     return {name: mod.forward.packed.data for name, mod in model.named_modules()
-            if weight_kind(mod) == "bf16w"}
+            if weight_kind(mod) in ("bf16w", "f32w")}
 
 
 @contextmanager

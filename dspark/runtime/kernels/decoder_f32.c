@@ -1,4 +1,4 @@
-/* A bf16w model's decoder layers in one call: the same kernels, in the same order, as
+/* A model's decoder layers in one call (bf16w, bf16x or f32w weights): the same kernels, in the same order, as
  * the layer-by-layer path of dspark/runtime/model.py (`DecoderLayer.forward` with the
  * native kernels), so the two give the same bits. What it saves is the interpreter:
  * a decode step of a 30-layer model otherwise makes some 300 calls from Python, each
@@ -19,15 +19,20 @@
 
 #include "kernels.h"
 
-/* The layers' matmul: 0 = bf16w (fp32 activations), 1 = bf16x (bf16 activations, see
- * gemm_bf16dot.c); both batch-invariant. */
-static void gemm(int kind, const float *x, const uint16_t *wp, const float *bias, float *y, int64_t M, int64_t N,
+/* The layers' matmul: 0 = bf16w (bf16 weights, fp32 activations), 1 = bf16x (bf16
+ * activations, see gemm_bf16dot.c), 2 = f32w (fp32 weights); all batch-invariant. */
+static void gemm(int kind, const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N,
                  int64_t K, int threads) {
-    if (kind == 1)
-        dspark_gemm_bf16x_packed(x, wp, bias, y, M, N, K, threads);
+    if (kind == 2)
+        dspark_gemm_f32w_packed(x, (const float *)wp, bias, y, M, N, K, threads);
+    else if (kind == 1)
+        dspark_gemm_bf16x_packed(x, (const uint16_t *)wp, bias, y, M, N, K, threads);
     else
-        dspark_gemm_bf16w_packed(x, wp, bias, y, M, N, K, threads);
+        dspark_gemm_bf16w_packed(x, (const uint16_t *)wp, bias, y, M, N, K, threads);
 }
+
+/* Bytes per stored weight of a kind. */
+static int64_t weight_bytes(int kind) { return kind == 2 ? 4 : 2; }
 
 /* The pointers of one layer, in this order, as int64 (see native_stack.py). */
 enum { W_QKV, B_QKV, W_O, W_GU, W_DOWN, LN1, LN2, K_CACHE, V_CACHE, Q_NORM, K_NORM, LAYER_PTRS };
@@ -38,7 +43,7 @@ enum { W_QKV, B_QKV, W_O, W_GU, W_DOWN, LN1, LN2, K_CACHE, V_CACHE, Q_NORM, K_NO
  * N * (2 hidden + (H + 2 KVH) D + H D + 3 I) floats. taps [N, ntaps, hidden];
  * tap_col[layer]: the column the layer's output is copied to, or -1.
  * Returns 0, or -1 when attention found a slot or position out of range. */
-int dspark_decoder_bf16w(float *x, int64_t N, const int64_t *ptrs, int64_t layers, int64_t hidden, int64_t H,
+int dspark_decoder_layers(float *x, int64_t N, const int64_t *ptrs, int64_t layers, int64_t hidden, int64_t H,
                          int64_t KVH, int64_t D, int64_t I, int64_t S, int64_t L, const float *cos,
                          const float *sin, const int64_t *slots, const int64_t *positions, const int64_t *visible,
                          float eps, float scale,
@@ -50,7 +55,7 @@ int dspark_decoder_bf16w(float *x, int64_t N, const int64_t *ptrs, int64_t layer
     for (int64_t l = 0; l < layers; l++) {
         const int64_t *p = ptrs + l * LAYER_PTRS;
         dspark_rmsnorm_f32(x, (const float *)p[LN1], h, N, hidden, eps, threads);
-        gemm(kind, h, (const uint16_t *)p[W_QKV], (const float *)p[B_QKV], qkv, N, W, hidden,
+        gemm(kind, h, (const void *)p[W_QKV], (const float *)p[B_QKV], qkv, N, W, hidden,
                                  threads);
         if (p[Q_NORM])
             for (int64_t n = 0; n < N; n++) {
@@ -62,12 +67,12 @@ int dspark_decoder_bf16w(float *x, int64_t N, const int64_t *ptrs, int64_t layer
         if (dspark_attention_f32_span(qkv, W, (float *)p[K_CACHE], (float *)p[V_CACHE], slots, positions, visible,
                                       ao, N, S, H, KVH, D, L, scale, threads))
             return -1;
-        gemm(kind, ao, (const uint16_t *)p[W_O], 0, tmp, N, hidden, H * D, threads);
+        gemm(kind, ao, (const void *)p[W_O], 0, tmp, N, hidden, H * D, threads);
         for (int64_t i = 0; i < N * hidden; i++) x[i] = x[i] + tmp[i];
         dspark_rmsnorm_f32(x, (const float *)p[LN2], h, N, hidden, eps, threads);
-        gemm(kind, h, (const uint16_t *)p[W_GU], 0, gu, N, 2 * I, hidden, threads);
+        gemm(kind, h, (const void *)p[W_GU], 0, gu, N, 2 * I, hidden, threads);
         dspark_silu_mul_f32(gu, act, N, I, threads);
-        gemm(kind, act, (const uint16_t *)p[W_DOWN], 0, tmp, N, hidden, I, threads);
+        gemm(kind, act, (const void *)p[W_DOWN], 0, tmp, N, hidden, I, threads);
         for (int64_t i = 0; i < N * hidden; i++) x[i] = x[i] + tmp[i];
         if (tap_col[l] >= 0)
             for (int64_t n = 0; n < N; n++)
@@ -84,7 +89,7 @@ int dspark_decoder_bf16w(float *x, int64_t N, const int64_t *ptrs, int64_t layer
  * taps [N, tap_width]; fc: the packed [hidden, tap_width] weight; ptrs as above (the
  * caches and norms included); scratch: at least N * (2 hidden + 2 KVH D) floats.
  * Returns 0, or -1 (nothing written) when a slot or a position is out of range. */
-int dspark_drafter_context_bf16w(const float *taps, int64_t N, int64_t tap_width, const uint16_t *fc,
+int dspark_drafter_context(const float *taps, int64_t N, int64_t tap_width, const void *fc,
                                  const float *hn, const int64_t *ptrs, int64_t layers, int64_t hidden, int64_t H,
                                  int64_t KVH, int64_t D, int64_t S, int64_t L, const float *cos, const float *sin,
                                  const int64_t *slots, const int64_t *positions, float eps, float *scratch,
@@ -98,7 +103,7 @@ int dspark_drafter_context_bf16w(const float *taps, int64_t N, int64_t tap_width
     for (int64_t l = 0; l < layers; l++) {
         const int64_t *p = ptrs + l * LAYER_PTRS;
         /* the packed weight is panels of [hidden][16]: the keys' panels start at panel H*D/16 */
-        const uint16_t *wkv = (const uint16_t *)p[W_QKV] + H * D * hidden;
+        const void *wkv = (const char *)p[W_QKV] + H * D * hidden * weight_bytes(kind);
         const float *bkv = p[B_QKV] ? (const float *)p[B_QKV] + H * D : 0;
         gemm(kind, f, wkv, bkv, kv, N, KV, hidden, threads);
         if (p[K_NORM])

@@ -10,6 +10,8 @@ int dspark_attention_f32(const float *qkv, int64_t row, float *k_cache, float *v
                          const int64_t *positions, float *out, int64_t N, int64_t S, int64_t H, int64_t KVH,
                          int64_t D, int64_t L, float scale, int threads);
 int dspark_gemm_bf16w_isa(void);
+void dspark_gemm_f32w_packed(const float *x, const float *wp, const float *bias, float *y, int64_t M, int64_t N,
+                             int64_t K, int threads);
 void dspark_gemm_bf16x_packed(const float *x, const uint16_t *wp, const float *bias, float *y, int64_t M,
                               int64_t N, int64_t K, int threads);
 int dspark_attention_f32_span(const float *qkv, int64_t row, float *k_cache, float *v_cache, const int64_t *slots,
