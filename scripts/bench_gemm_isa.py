@@ -16,6 +16,7 @@ import time
 import torch
 
 from dspark.runtime import cpu_kernels as ck
+from dspark.runtime import cpu_matmul as mm
 
 SHAPES = {  # name: (out_features, in_features)
     "smollm qkv": (960, 576), "smollm gate_up": (3072, 576), "smollm down": (576, 1536),
@@ -36,26 +37,26 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     rows = [int(r) for r in args.rows.split(",")]
     out = []
-    print(f"variants: {ck.set_gemm_isa('avx512')} / avx2, {args.threads} threads")
+    print(f"variants: {mm.set_gemm_isa('avx512')} / avx2, {args.threads} threads")
     print(f"{'shape':>16} {'rows':>4} {'avx2 us':>9} {'avx512 us':>10} {'ratio':>6}")
     for name, (n, k) in SHAPES.items():
-        w = ck.PackedBf16(torch.randn(n, k, generator=g).to(torch.bfloat16))
+        w = mm.PackedBf16(torch.randn(n, k, generator=g).to(torch.bfloat16))
         for m in rows:
             x = torch.randn(m, k, generator=g)
             times = {"avx2": [], "avx512": []}
             for _ in range(args.rounds):
                 for isa in ("avx2", "avx512"):
-                    ck.set_gemm_isa(isa)
+                    mm.set_gemm_isa(isa)
                     for _ in range(3):
-                        ck.gemm_bf16w(x, w)
+                        mm.gemm_bf16w(x, w)
                     t = time.perf_counter()
                     for _ in range(20):
-                        ck.gemm_bf16w(x, w)
+                        mm.gemm_bf16w(x, w)
                     times[isa].append((time.perf_counter() - t) / 20 * 1e6)
             a, b = statistics.median(times["avx2"]), statistics.median(times["avx512"])
             out.append({"shape": name, "n": n, "k": k, "rows": m, "avx2_us": a, "avx512_us": b})
             print(f"{name:>16} {m:>4} {a:>9.0f} {b:>10.0f} {a / b:>6.2f}")
-    ck.set_gemm_isa("avx512")
+    mm.set_gemm_isa("avx512")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -14,6 +14,8 @@ configurations rotated); the ratio is reported as the median and range over repe
 
     python3 scripts/bench_lockstep.py --concurrency 16
     python3 scripts/bench_lockstep.py --configs plain,default,default-held-plain --concurrency 4 --repeats 3
+    python3 scripts/bench_lockstep.py --model ~/.cache/dspark/models/qwen2.5-coder-0.5b-instruct-* \
+        --dtype fp32 --configs plain,lookup --concurrency 1
 
 `default-held-plain` is the default configuration with its governor held in plain mode
 at every load: what speculation's machinery costs when it drafts nothing (a step that
@@ -42,6 +44,7 @@ CONFIGS = {
     "default-held-plain": DEFAULT_SPECULATIVE,  # its governor held in plain mode (see the docstring)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
+    "lookup": {"method": "ngram"},  # prompt lookup alone, fixed verification: needs no drafter (any model)
 }
 
 
@@ -79,6 +82,9 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=64, help="held-out prompts, mixed domains (default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=96, help="(default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=1, help="whole runs, fresh engines each (default: %(default)s)")
+    ap.add_argument("--model", default="default", help="the target: 'default', a model directory or a GGUF file "
+                                                       "(default: %(default)s)")
+    ap.add_argument("--dtype", default="auto", help="the target's precision (default: %(default)s)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -95,7 +101,7 @@ def main() -> int:
     from dspark.runtime.target import Target
     from dspark.sampling import SamplingParams
 
-    target = Target.load("default", dtype="auto", device="cpu", max_len=2048, log=print)
+    target = Target.load(args.model, dtype=args.dtype, device="cpu", max_len=2048, log=print)
     prompts = [target.tokenizer.apply_chat_template(p.chat_messages())
                for p in heldout_prompts("mixed", args.num_prompts)]
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)

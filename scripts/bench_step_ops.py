@@ -18,6 +18,7 @@ import time
 import torch
 
 from dspark.runtime import cpu_kernels as ck
+from dspark.runtime import cpu_matmul as mm
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS = 576, 9, 3, 64, 1536, 30
 
@@ -45,12 +46,12 @@ def main() -> None:
     qkv_w = HEADS * HEAD_DIM + 2 * KV_HEADS * HEAD_DIM
     shapes = {"qkv": (qkv_w, HIDDEN), "o": (HIDDEN, HEADS * HEAD_DIM), "gate_up": (2 * INTER, HIDDEN),
               "down": (HIDDEN, INTER)}
-    weights = {name: [ck.PackedBf16((torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16))
+    weights = {name: [mm.PackedBf16((torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16))
                       for _ in range(LAYERS)] for name, (n, k) in shapes.items()}
     L = args.context + 32
     kc = torch.randn(1, KV_HEADS, L, HEAD_DIM, generator=g)
     vc = torch.randn(1, KV_HEADS, L, HEAD_DIM, generator=g)
-    print(f"ISA {ck.gemm_isa()}, {args.threads} threads, context {args.context}; ms per step, 30 layers")
+    print(f"ISA {mm.gemm_isa()}, {args.threads} threads, context {args.context}; ms per step, 30 layers")
     cols = list(shapes) + ["attention", "sum"]
     print(f"{'N':>3} " + " ".join(f"{c:>9}" for c in cols))
     for n_tok in [int(t) for t in args.tokens.split(",")]:
@@ -60,7 +61,7 @@ def main() -> None:
                 x = torch.randn(n_tok, k, generator=g)
                 it = iter(range(10 ** 9))
                 ws = weights[name]
-                res[name].append(timed(lambda: ck.gemm_bf16w(x, ws[next(it) % LAYERS]), 60) * LAYERS)
+                res[name].append(timed(lambda: mm.gemm_bf16w(x, ws[next(it) % LAYERS]), 60) * LAYERS)
             qkv = torch.randn(n_tok, qkv_w, generator=g)
             slots = torch.zeros(n_tok, dtype=torch.int64)
             pos = torch.arange(args.context, args.context + n_tok)

@@ -38,9 +38,9 @@ def default_target_bf16x():
 
 
 def bf16x_available() -> bool:
-    from dspark.runtime import cpu_kernels
+    from dspark.runtime import cpu_matmul
 
-    return cpu_kernels.bf16x_kernel() is not None
+    return cpu_matmul.bf16x_kernel() is not None
 
 
 #: the bf16x precision where this CPU runs it: tests parametrized over precisions take it

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import BF16X_PRECISIONS
 
-from dspark.runtime import cpu_kernels
+from dspark.runtime import cpu_kernels, cpu_matmul
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.loader import choose_precision, load_transformer, parse_precision
@@ -25,7 +25,7 @@ def test_gemm_matches_fp64_reference(k, n, bias):
     b = torch.randn(n, generator=g) if bias else None
     for m in (1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 33):
         x = torch.randn(m, k, generator=g)
-        got = cpu_kernels.gemm_bf16w(x, w, b)
+        got = cpu_matmul.gemm_bf16w(x, w, b)
         ref = x.double() @ w.double().T + (0 if b is None else b.double())
         assert got.dtype == torch.float32 and got.shape == (m, n)
         torch.testing.assert_close(got.double(), ref, atol=1e-4 * k**0.5, rtol=1e-5)
@@ -37,20 +37,20 @@ def test_gemm_rows_do_not_depend_on_the_batch_or_threads():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(45, 300, generator=g).to(torch.bfloat16)
     x = torch.randn(17, 300, generator=g)
-    full = cpu_kernels.gemm_bf16w(x, w)
+    full = cpu_matmul.gemm_bf16w(x, w)
     for i in range(17):
-        assert torch.equal(cpu_kernels.gemm_bf16w(x[i : i + 1], w), full[i : i + 1])
-    assert torch.equal(cpu_kernels.gemm_bf16w(x[3:11], w), full[3:11])
+        assert torch.equal(cpu_matmul.gemm_bf16w(x[i : i + 1], w), full[i : i + 1])
+    assert torch.equal(cpu_matmul.gemm_bf16w(x[3:11], w), full[3:11])
     for m in range(1, 17):  # every tiling: 1-3 rows, 4-6, the turn-taking tiles of 7-15, prefill-sized
-        assert torch.equal(cpu_kernels.gemm_bf16w(x[:m], w), full[:m]), m
+        assert torch.equal(cpu_matmul.gemm_bf16w(x[:m], w), full[:m]), m
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(cpu_kernels.gemm_bf16w(x, w), full)
+        assert torch.equal(cpu_matmul.gemm_bf16w(x, w), full)
     finally:
         torch.set_num_threads(threads)
     # leading dimensions are kept
-    assert torch.equal(cpu_kernels.gemm_bf16w(x.view(1, 17, 300), w)[0], full)
+    assert torch.equal(cpu_matmul.gemm_bf16w(x.view(1, 17, 300), w)[0], full)
 
 
 def test_gemm_variants_give_the_same_bits():
@@ -60,8 +60,8 @@ def test_gemm_variants_give_the_same_bits():
     wide = {"avx512f", "avx512bw"} <= flags
     g = torch.Generator().manual_seed(7)
     try:
-        assert cpu_kernels.set_gemm_isa("avx512") == ("avx512" if wide else "avx2")
-        assert cpu_kernels.gemm_isa() == ("avx512" if wide else "avx2")
+        assert cpu_matmul.set_gemm_isa("avx512") == ("avx512" if wide else "avx2")
+        assert cpu_matmul.gemm_isa() == ("avx512" if wide else "avx2")
         for k, n in [(64, 150), (576, 40), (37, 7), (300, 129), (8, 1)]:
             w = torch.randn(n, k, generator=g).to(torch.bfloat16)
             b = torch.randn(n, generator=g)
@@ -69,23 +69,23 @@ def test_gemm_variants_give_the_same_bits():
             # up to 20 rows: every tile and remainder; then prefill-sized row counts
             for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 20, 48, 53, 101):
                 for bias in (None, b):
-                    cpu_kernels.set_gemm_isa("avx512")
-                    a = cpu_kernels.gemm_bf16w(x[:m], w, bias)
-                    cpu_kernels.set_gemm_isa("avx2")
-                    c = cpu_kernels.gemm_bf16w(x[:m], w, bias)
+                    cpu_matmul.set_gemm_isa("avx512")
+                    a = cpu_matmul.gemm_bf16w(x[:m], w, bias)
+                    cpu_matmul.set_gemm_isa("avx2")
+                    c = cpu_matmul.gemm_bf16w(x[:m], w, bias)
                     assert torch.equal(a, c), (k, n, m, bias is not None)
     finally:
-        cpu_kernels.set_gemm_isa("avx512")
+        cpu_matmul.set_gemm_isa("avx512")
     with pytest.raises(ValueError):
-        cpu_kernels.set_gemm_isa("sse")
+        cpu_matmul.set_gemm_isa("sse")
 
 
 def test_gemm_rejects_what_it_cannot_run():
     w = torch.randn(4, 8).to(torch.bfloat16)
     with pytest.raises(ValueError, match="features"):
-        cpu_kernels.gemm_bf16w(torch.randn(2, 9), w)
+        cpu_matmul.gemm_bf16w(torch.randn(2, 9), w)
     with pytest.raises(TypeError, match="bf16 weight"):
-        cpu_kernels.gemm_bf16w(torch.randn(2, 8), w.float())
+        cpu_matmul.gemm_bf16w(torch.randn(2, 8), w.float())
 
 
 def _bf16_rounded_hf(hf):
@@ -244,7 +244,7 @@ def test_attention_kernel_each_isa_matches_fp64_and_is_batch_invariant(isa):
         pytest.skip("no AVX-512 here: the AVX2 case covers this CPU")
     g = torch.Generator().manual_seed(9)
     try:
-        assert cpu_kernels.set_gemm_isa(isa) == isa
+        assert cpu_matmul.set_gemm_isa(isa) == isa
         for heads, kvh, d in [(9, 3, 64), (4, 2, 64), (8, 8, 32), (14, 2, 48), (5, 1, 64)]:
             length = 40
             kc, vc = torch.randn(2, kvh, length, d, generator=g), torch.randn(2, kvh, length, d, generator=g)
@@ -262,7 +262,7 @@ def test_attention_kernel_each_isa_matches_fp64_and_is_batch_invariant(isa):
                     enable_gqa=True)[:, 0]
                 torch.testing.assert_close(full[t].double(), ref, atol=2e-6, rtol=0)
     finally:
-        cpu_kernels.set_gemm_isa("avx512")
+        cpu_matmul.set_gemm_isa("avx512")
 
 
 def test_elementwise_kernels_match_torch():
@@ -391,16 +391,16 @@ def test_bf16x_matmul_rounds_inputs_and_is_batch_invariant(kernel):
     """The bf16x kernels (VDPBF16PS, AMX tiles, and the per-process choice between
     them) against a float64 product of the bf16-rounded inputs, and each row's result
     the same whatever rows share the call (every M from 1 to 37, odd sizes, bias)."""
-    have = {"dot": cpu_kernels.bf16dot_available(), "amx": cpu_kernels.amx_available(),
-            "bf16x": cpu_kernels.bf16x_kernel() is not None}
+    have = {"dot": cpu_matmul.bf16dot_available(), "amx": cpu_matmul.amx_available(),
+            "bf16x": cpu_matmul.bf16x_kernel() is not None}
     if not have[kernel]:
         pytest.skip(f"this CPU has no {kernel} kernel (AVX2-only CPUs run bf16w instead)")
-    fn = {"dot": cpu_kernels.gemm_bf16dot, "amx": cpu_kernels.gemm_bf16amx, "bf16x": cpu_kernels.gemm_bf16x}[kernel]
+    fn = {"dot": cpu_matmul.gemm_bf16dot, "amx": cpu_matmul.gemm_bf16amx, "bf16x": cpu_matmul.gemm_bf16x}[kernel]
     torch.manual_seed(0)
     for n, k in ((100, 64), (3072, 576), (45, 1536)):
         w = torch.randn(n, k).to(torch.bfloat16)
         bias = torch.randn(n)
-        packed = cpu_kernels.PackedBf16Dot(w)
+        packed = cpu_matmul.PackedBf16Dot(w)
         x = torch.randn(37, k)
         full = fn(x, packed, bias)
         want = x.to(torch.bfloat16).double() @ w.double().T + bias.double()

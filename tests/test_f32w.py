@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.runtime import cpu_kernels
+from dspark.runtime import cpu_kernels, cpu_matmul
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.loader import load_transformer
@@ -24,26 +24,26 @@ def test_f32w_matches_fp64_and_rows_do_not_depend_on_the_batch_or_threads(k, n):
     w = torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g)
     x = torch.randn(53, k, generator=g)
-    packed = cpu_kernels.PackedF32(w)
+    packed = cpu_matmul.PackedF32(w)
     for bias in (None, b):
-        full = cpu_kernels.gemm_f32w(x, packed, bias)
+        full = cpu_matmul.gemm_f32w(x, packed, bias)
         ref = x.double() @ w.double().T + (0 if bias is None else bias.double())
         assert full.dtype == torch.float32 and full.shape == (53, n)
         torch.testing.assert_close(full.double(), ref, atol=1e-5 * k**0.5, rtol=1e-6)
         # every tiling: 1-3 rows, 4-6, the turn-taking tiles of 7-15, prefill-sized
         for m in (*range(1, 21), 33, 48):
-            assert torch.equal(cpu_kernels.gemm_f32w(x[:m], packed, bias), full[:m]), m
-        assert torch.equal(cpu_kernels.gemm_f32w(x[17:29], packed, bias), full[17:29])
+            assert torch.equal(cpu_matmul.gemm_f32w(x[:m], packed, bias), full[:m]), m
+        assert torch.equal(cpu_matmul.gemm_f32w(x[17:29], packed, bias), full[17:29])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(cpu_kernels.gemm_f32w(x, w, b), cpu_kernels.gemm_f32w(x, packed, b))
+        assert torch.equal(cpu_matmul.gemm_f32w(x, w, b), cpu_matmul.gemm_f32w(x, packed, b))
     finally:
         torch.set_num_threads(threads)
-    threaded = cpu_kernels.gemm_f32w(x, packed, b)
+    threaded = cpu_matmul.gemm_f32w(x, packed, b)
     torch.set_num_threads(1)
     try:
-        assert torch.equal(cpu_kernels.gemm_f32w(x, packed, b), threaded)
+        assert torch.equal(cpu_matmul.gemm_f32w(x, packed, b), threaded)
     finally:
         torch.set_num_threads(threads)
 
@@ -55,21 +55,21 @@ def test_f32w_variants_give_the_same_bits():
         for k, n in [(64, 150), (37, 7), (300, 129)]:
             w, x = torch.randn(n, k, generator=g), torch.randn(60, k, generator=g)
             for m in (1, 2, 3, 4, 5, 6, 7, 9, 13, 20, 53, 60):
-                cpu_kernels.set_gemm_isa("avx512")
-                a = cpu_kernels.gemm_f32w(x[:m], w)
-                cpu_kernels.set_gemm_isa("avx2")
-                assert torch.equal(a, cpu_kernels.gemm_f32w(x[:m], w)), (k, n, m)
+                cpu_matmul.set_gemm_isa("avx512")
+                a = cpu_matmul.gemm_f32w(x[:m], w)
+                cpu_matmul.set_gemm_isa("avx2")
+                assert torch.equal(a, cpu_matmul.gemm_f32w(x[:m], w)), (k, n, m)
     finally:
-        cpu_kernels.set_gemm_isa("avx512")
+        cpu_matmul.set_gemm_isa("avx512")
 
 
 def test_f32w_rejects_what_it_cannot_run():
     with pytest.raises(TypeError, match="fp32 weight"):
-        cpu_kernels.PackedF32(torch.randn(4, 8).to(torch.bfloat16))
+        cpu_matmul.PackedF32(torch.randn(4, 8).to(torch.bfloat16))
     with pytest.raises(ValueError, match="features"):
-        cpu_kernels.gemm_f32w(torch.randn(2, 9), torch.randn(4, 8))
+        cpu_matmul.gemm_f32w(torch.randn(2, 9), torch.randn(4, 8))
     with pytest.raises(ValueError, match="fp32 rows"):
-        cpu_kernels.PackedF32.from_panels(torch.zeros(2, 8, 16), 40)
+        cpu_matmul.PackedF32.from_panels(torch.zeros(2, 8, 16), 40)
 
 
 def test_fp32_model_runs_the_kernel_and_matches_transformers(tiny_hf):

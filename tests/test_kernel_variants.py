@@ -19,14 +19,14 @@ import sys
 
 import pytest
 
-from dspark.runtime import cpu_kernels
+from dspark.runtime import cpu_kernels, cpu_matmul
 
 CHILD = r"""
 import json, sys
 from dspark.engine.config import SpeculativeConfig
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.generate import generate_plain
-from dspark.runtime import cpu_kernels
+from dspark.runtime import cpu_kernels, cpu_matmul
 from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams
 
@@ -37,7 +37,7 @@ questions = ["How many legs do three spiders have?", "Write a Python function th
 prompts = [target.tokenizer.chat_prompt(q) for q in questions]
 params = SamplingParams(max_tokens=32)
 refs = [generate_plain(target, p, params).token_ids for p in prompts]
-out = {"bf16x_kernel": cpu_kernels.bf16x_kernel(), "gemm_isa": cpu_kernels.gemm_isa(), "precision": target.model.precision}
+out = {"bf16x_kernel": cpu_matmul.bf16x_kernel(), "gemm_isa": cpu_matmul.gemm_isa(), "precision": target.model.precision}
 configs = {
     "dspark": ({"method": "dspark", "num_speculative_tokens": 7}, 512),
     "eagle3": ({"method": "eagle3", "num_speculative_tokens": 7}, 512),
@@ -68,7 +68,7 @@ VARIANTS = [
                  marks=pytest.mark.skipif(not cpu_kernels.available(), reason="native kernels unavailable")),
     # bf16x on avx512_bf16 dot products, as a CPU without AMX runs it
     pytest.param("bf16x", {"DSPARK_NO_AMX": "1"}, ("bf16x_kernel", "avx512_bf16"), id="bf16x-no-amx",
-                 marks=pytest.mark.skipif(not cpu_kernels.bf16dot_available(), reason="no avx512_bf16 here")),
+                 marks=pytest.mark.skipif(not cpu_matmul.bf16dot_available(), reason="no avx512_bf16 here")),
 ]
 
 

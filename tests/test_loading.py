@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import BF16X_PRECISIONS
 
-from dspark.runtime import cpu_kernels, prepared
+from dspark.runtime import cpu_kernels, cpu_matmul, prepared
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.loader import cached_choose_precision, load_transformer
@@ -38,8 +38,8 @@ def test_prepared_layout_is_mapped_and_exact(tiny_hf, tmp_path, monkeypatch, pre
 
     with monkeypatch.context() as m:
         if cpu_kernels.available() and precision in ("fp32", "bf16w"):
-            m.setattr(cpu_kernels.PackedF32, "__init__", no_packing)
-            m.setattr(cpu_kernels.PackedBf16, "__init__", no_packing)
+            m.setattr(cpu_matmul.PackedF32, "__init__", no_packing)
+            m.setattr(cpu_matmul.PackedBf16, "__init__", no_packing)
         mapped = load_transformer(path, precision)
     assert torch.equal(_logits(fresh, ids), _logits(mapped, ids))
     assert mapped.precision == precision

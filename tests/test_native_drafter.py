@@ -1,4 +1,4 @@
-"""A bf16w DSpark drafter's block and context through the native decoder kernel
+"""A bf16w (or fp32: f32w) DSpark drafter's block and context through the native decoder kernel
 (runtime/native_stack.py, `for_drafter_layers`) against its torch path: the same
 drafted tokens, logits and confidences to fp32 rounding, the same context keys and
 values in the pool, and (through an engine) the same greedy output and rounds."""
@@ -9,6 +9,7 @@ import torch
 from dspark.drafters.base import DraftRequest
 from dspark.engine.config import SpeculativeConfig
 from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.runtime import cpu_kernels
 from dspark.sampling import SamplingParams
 
 PROMPTS = ["Write a Python function that reverses a string.", "How many legs do three spiders have?"]
@@ -23,8 +24,11 @@ def _engine(target, native: bool, monkeypatch):
     return engine, drafter
 
 
-def test_native_drafter_block_and_context_equal_the_torch_path(default_target_bf16w, monkeypatch):
-    target = default_target_bf16w
+@pytest.mark.parametrize("precision", ["bf16w", "fp32"])
+def test_native_drafter_block_and_context_equal_the_torch_path(precision, request, monkeypatch):
+    target = request.getfixturevalue(f"default_target_{precision}")
+    if not cpu_kernels.available():
+        pytest.skip(f"native kernels unavailable: {cpu_kernels.why_unavailable()}")
     runs = {}
     for native in (True, False):
         engine, drafter = _engine(target, native, monkeypatch)
@@ -44,6 +48,7 @@ def test_native_drafter_block_and_context_equal_the_torch_path(default_target_bf
         runs[native] = ([s.output_ids for s in seqs], steps, kv, block, drafter.__dict__.get("_native_stack"))
     (out_n, steps_n, kv_n, block_n, stack), (out_t, steps_t, kv_t, block_t, _) = runs[True], runs[False]
     assert stack is not None and stack._context is not None  # the native path did run
+    assert stack.kind == {"bf16w": 0, "fp32": 2}[precision]  # fp32's drafter takes the target's f32w kernel
     assert out_n == out_t  # exact either way: verification decides
     assert steps_n == steps_t
     for a, b in zip(kv_n, kv_t):

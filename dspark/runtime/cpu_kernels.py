@@ -1,18 +1,10 @@
 """Native CPU kernels, compiled on first use with the system C compiler.
 
-- `gemm_bf16w` (kernels/gemm_bf16w.c): fp32 activations times bf16 weights with fp32
-  accumulation, AVX2 + FMA, and an AVX-512 variant that gives the same bits on CPUs
-  that have it (`gemm_isa`, `set_gemm_isa`), the weights pre-packed (`PackedBf16`). It is the `bf16w`
-  precision of the runtime: on CPUs without avx512_bf16, torch has no fast bf16
-  matmul (its bf16 kernels are slower than fp32 there), while decode is bound by
-  reading the weights; this kernel reads half the bytes of fp32.
-- `gemm_f32w` (kernels/gemm_f32w.c): the same matmul (kernels/gemm_panels.h) over fp32
-  weights in panels (`PackedF32`): the `fp32` precision's linears on a CPU, where
-  torch's fp32 matmul is not batch-invariant on every CPU.
-- `gemm_bf16dot` (kernels/gemm_bf16dot.c): the `bf16x` precision on CPUs with
-  avx512_bf16: bf16 weights, activations rounded to bf16 at the matmul's input, fp32
-  accumulation by VDPBF16PS (twice the multiply-adds of an fp32 FMA), weights packed
-  in pairs (`PackedBf16Dot`).
+- the matmuls over packed weights (kernels/gemm_panels.h via gemm_bf16w.c and
+  gemm_f32w.c, kernels/gemm_bf16dot.c): the `bf16w`, `fp32` and `bf16x` precisions'
+  linears, called through `cpu_matmul` (`gemm_bf16w`, `gemm_f32w`, `gemm_bf16x`). On
+  CPUs without avx512_bf16 torch has no fast bf16 matmul, while decode is bound by
+  reading the weights: bf16w reads half the bytes of fp32;
 - `attention_f32` (kernels/attention_f32.c): writes a step's keys and values into the
   KV cache and attends, each token over its own slot's positions.
 - `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_` (kernels/elementwise_f32.c).
@@ -144,24 +136,6 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-def gemm_isa() -> str | None:
-    """The bf16w and f32w matmuls' variant in use: "avx512" or "avx2" (None without the kernels)."""
-    lib = load()
-    return None if lib is None else ("avx512" if lib.dspark_gemm_bf16w_isa() == 512 else "avx2")
-
-
-def set_gemm_isa(isa: str) -> str:
-    """Use the "avx2" or the "avx512" variant of the bf16w and f32w matmuls (both give the same
-    bits; "avx512" falls back to "avx2" on CPUs without it); returns the one in use.
-    `DSPARK_GEMM_ISA=avx2` does the same at load."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"native kernels unavailable: {_why}")
-    if isa not in ("avx2", "avx512"):
-        raise ValueError(f"isa must be 'avx2' or 'avx512', got {isa!r}")
-    return "avx512" if lib.dspark_gemm_bf16w_set_isa(512 if isa == "avx512" else 256) == 512 else "avx2"
-
-
 def why_unavailable() -> str | None:
     load()
     return _why
@@ -169,158 +143,6 @@ def why_unavailable() -> str | None:
 
 def available() -> bool:
     return load() is not None
-
-
-#: the order of a panel's 16 columns in memory (see kernels/gemm_bf16w.c)
-_PANEL_ORDER = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
-
-
-class PackedBf16:
-    """A bf16 weight [N, K] laid out for the kernel: ceil(N / 16) panels of [K][16]."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
-            raise TypeError("gemm_bf16w takes a CPU bf16 weight [out_features, in_features]")
-        n, k = weight.shape
-        p = (n + 15) // 16
-        padded = weight.new_zeros(p * 16, k)
-        padded[:n] = weight
-        order = torch.tensor(_PANEL_ORDER)
-        self.data = padded.view(p, 16, k)[:, order].transpose(1, 2).contiguous()  # [p, K, 16]
-        self.out_features, self.in_features = n, k
-
-    @classmethod
-    def from_panels(cls, data: torch.Tensor, out_features: int) -> "PackedBf16":
-        """A packing made earlier (its `data`, e.g. mapped from a prepared checkpoint)."""
-        p, k, width = data.shape
-        if data.dtype != torch.bfloat16 or width != 16 or p != (out_features + 15) // 16:
-            raise ValueError(f"panels {tuple(data.shape)} {data.dtype} do not hold {out_features} bf16 rows")
-        self = cls.__new__(cls)
-        self.data, self.out_features, self.in_features = data, out_features, k
-        return self
-
-
-def _run_packed(fn, x: torch.Tensor, packed, bias: torch.Tensor | None, name: str) -> torch.Tensor:
-    """x [..., K] through a packed-weight matmul kernel `fn` of the library -> [..., N] fp32."""
-    n, k = packed.out_features, packed.in_features
-    if x.shape[-1] != k:
-        raise ValueError(f"input has {x.shape[-1]} features, the weight expects {k}")
-    if x.device.type != "cpu":
-        raise TypeError(f"{name} takes CPU activations")
-    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-    b = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    if x2.shape[0]:
-        fn(x2.data_ptr(), packed.data.data_ptr(), None if b is None else b.data_ptr(), out.data_ptr(), x2.shape[0],
-           n, k, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
-
-
-def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] fp32 @ weight[N, K].T (bf16) (+ bias [N] fp32) -> [..., N] fp32.
-    `weight` is a bf16 tensor (packed on every call) or, for repeated use, a
-    `PackedBf16` of it."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"native bf16w kernel unavailable: {_why}")
-    packed = weight if isinstance(weight, PackedBf16) else PackedBf16(weight)
-    return _run_packed(lib.dspark_gemm_bf16w_packed, x, packed, bias, "gemm_bf16w")
-
-
-class PackedF32:
-    """An fp32 weight [N, K] laid out for the f32w kernel: ceil(N / 16) panels of [K][16],
-    the 16 columns in order."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-            raise TypeError("gemm_f32w takes a CPU fp32 weight [out_features, in_features]")
-        n, k = weight.shape
-        p = (n + 15) // 16
-        padded = weight.new_zeros(p * 16, k)
-        padded[:n] = weight
-        self.data = padded.view(p, 16, k).transpose(1, 2).contiguous()  # [p, K, 16]
-        self.out_features, self.in_features = n, k
-
-    @classmethod
-    def from_panels(cls, data: torch.Tensor, out_features: int) -> "PackedF32":
-        """A packing made earlier (its `data`, e.g. mapped from a prepared checkpoint)."""
-        p, k, width = data.shape
-        if data.dtype != torch.float32 or width != 16 or p != (out_features + 15) // 16:
-            raise ValueError(f"panels {tuple(data.shape)} {data.dtype} do not hold {out_features} fp32 rows")
-        self = cls.__new__(cls)
-        self.data, self.out_features, self.in_features = data, out_features, k
-        return self
-
-
-def gemm_f32w(x: torch.Tensor, weight: "torch.Tensor | PackedF32",
-              bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] fp32 @ weight[N, K].T (fp32) (+ bias [N]) -> [..., N] fp32, each
-    element one FMA chain over k ascending: batch-invariant. `weight` is an fp32 tensor
-    (packed on every call) or, for repeated use, a `PackedF32` of it."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"native f32w kernel unavailable: {_why}")
-    packed = weight if isinstance(weight, PackedF32) else PackedF32(weight)
-    return _run_packed(lib.dspark_gemm_f32w_packed, x, packed, bias, "gemm_f32w")
-
-
-class PackedBf16Dot:
-    """A bf16 weight [N, K] (K even) laid out for the bf16x kernel: ceil(N / 16) panels
-    of [K / 2][16][2], each column's weights for inputs 2j and 2j + 1 side by side."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[1] % 2:
-            raise TypeError("gemm_bf16dot takes a CPU bf16 weight [out_features, in_features], in_features even")
-        n, k = weight.shape
-        p = (n + 15) // 16
-        padded = weight.new_zeros(p * 16, k)
-        padded[:n] = weight
-        self.data = padded.view(p, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()  # [p, K/2, 16, 2]
-        self.out_features, self.in_features = n, k
-
-
-def bf16dot_available() -> bool:
-    """Whether this CPU runs the bf16x kernel (avx512_bf16) and the kernels are built."""
-    lib = load()
-    return lib is not None and bool(lib.dspark_gemm_bf16dot_available())
-
-
-def gemm_bf16dot(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] fp32, rounded to bf16, @ weight[N, K].T (+ bias) with fp32 accumulation."""
-    if not bf16dot_available():
-        raise RuntimeError("the bf16x kernel needs a CPU with avx512_bf16 and the native kernels")
-    return _run_packed(_lib.dspark_gemm_bf16dot_packed, x, packed, bias, "gemm_bf16dot")
-
-
-def amx_available() -> bool:
-    """Whether this CPU runs AMX bf16 tiles here (asks Linux for them once)."""
-    lib = load()
-    return lib is not None and bool(lib.dspark_amx_available())
-
-
-def gemm_bf16amx(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`gemm_bf16dot` on AMX tiles (in_features a multiple of 32)."""
-    if not amx_available():
-        raise RuntimeError("AMX bf16 tiles are not available on this CPU")
-    if packed.in_features % 32:
-        raise ValueError(f"the AMX kernel needs in_features a multiple of 32, not {packed.in_features}")
-    return _run_packed(_lib.dspark_gemm_bf16amx_packed, x, packed, bias, "gemm_bf16amx")
-
-
-def bf16x_kernel() -> str | None:
-    """The bf16x precision's matmul on this CPU: "amx", "avx512_bf16", or None."""
-    if amx_available():
-        return "amx"
-    return "avx512_bf16" if bf16dot_available() else None
-
-
-def gemm_bf16x(x: torch.Tensor, packed: PackedBf16Dot, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The bf16x matmul: AMX tiles where available (in_features a multiple of 32), else
-    VDPBF16PS; the same choice for every call of a process."""
-    if bf16x_kernel() is None:
-        raise RuntimeError("the bf16x precision needs a CPU with avx512_bf16 (or AMX) and the native kernels")
-    return _run_packed(_lib.dspark_gemm_bf16x_packed, x, packed, bias, "gemm_bf16x")
 
 
 def _lib_or_raise() -> ctypes.CDLL:

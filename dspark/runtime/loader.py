@@ -80,11 +80,11 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
         if not cpu_kernels.available():
             raise ValueError(f"--dtype bf16w needs the native CPU kernel: {cpu_kernels.why_unavailable()}")
     if p == "bf16x":
-        from . import cpu_kernels
+        from . import cpu_kernels, cpu_matmul
 
         if torch.device(device).type != "cpu":
             raise ValueError("--dtype bf16x is a CPU precision; use bf16 on accelerators")
-        if cpu_kernels.bf16x_kernel() is None:
+        if cpu_matmul.bf16x_kernel() is None:
             why = cpu_kernels.why_unavailable() or "this CPU has neither AMX nor avx512_bf16"
             raise ValueError(f"--dtype bf16x needs AMX or avx512_bf16 and the native kernels: {why}")
     return p
@@ -147,7 +147,7 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     """choose_precision's (precision, line), and whether the runs were steady."""
     import time
 
-    from . import cpu_kernels
+    from . import cpu_kernels, cpu_matmul
     from .weight_formats import _Bf16DotLinearForward, _Bf16WeightLinearForward, _F32PanelLinearForward
 
     if not cpu_kernels.available():
@@ -160,7 +160,7 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     steady = True
     with torch.inference_mode():
         for name in BATCH_INVARIANT_CPU:
-            if name == "bf16x" and (cpu_kernels.bf16x_kernel() is None or cfg.hidden_size % 32):
+            if name == "bf16x" and (cpu_matmul.bf16x_kernel() is None or cfg.hidden_size % 32):
                 continue
             lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
             lin.weight = torch.nn.Parameter(w.to(torch.float32 if name == "fp32" else torch.bfloat16),

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import PackedBf16, PackedBf16Dot, PackedF32, gemm_bf16w, gemm_bf16x, gemm_f32w
+from .cpu_matmul import PackedBf16, PackedBf16Dot, PackedF32, gemm_bf16w, gemm_bf16x, gemm_f32w
 
 
 class _PackedLinearForward:
@@ -72,7 +72,7 @@ class _NativeLinearForward:
 
 class _Bf16WeightLinearForward(_NativeLinearForward):
     """`nn.Linear` with its weight stored in bf16 and computed in fp32 by the native
-    AVX2 kernel (`cpu_kernels.gemm_bf16w`): the `bf16w` precision. Autograd keeps a
+    AVX2 kernel (`cpu_matmul.gemm_bf16w`): the `bf16w` precision. Autograd keeps a
     plain fp32 path over the same (bf16-rounded) weight values. The weight is packed
     for the kernel once, here: later in-place changes to it are not seen."""
 
@@ -90,7 +90,7 @@ class _Bf16WeightLinearForward(_NativeLinearForward):
 
 class _Bf16DotLinearForward(_Bf16WeightLinearForward):
     """The `bf16x` precision's linear: bf16 weights packed in pairs, the fp32 input
-    rounded to bf16, fp32 accumulation (`cpu_kernels.gemm_bf16x`: AMX or VDPBF16PS)."""
+    rounded to bf16, fp32 accumulation (`cpu_matmul.gemm_bf16x`: AMX or VDPBF16PS)."""
 
     def __init__(self, module: nn.Linear) -> None:
         self.module = module
@@ -106,7 +106,7 @@ class _Bf16DotLinearForward(_Bf16WeightLinearForward):
 
 class _F32PanelLinearForward(_NativeLinearForward):
     """The `fp32` precision's linear on a CPU: fp32 weights in the native kernel's
-    panels (`cpu_kernels.gemm_f32w`), one FMA chain per output whatever the batch.
+    panels (`cpu_matmul.gemm_f32w`), one FMA chain per output whatever the batch.
     Autograd keeps the plain path."""
 
     def __init__(self, module: nn.Linear, packed: PackedF32 | None = None) -> None:
