@@ -45,6 +45,8 @@ CONFIGS = {
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
     "lookup": {"method": "ngram"},  # prompt lookup alone, fixed verification: needs no drafter (any model)
+    "lookup-governed": {"method": "ngram", "plain_fallback": True},  # the same, the governor at every load
+    "lookup-governed-from2": {"method": "ngram", "plain_fallback": 2},  # governed from 2 requests, starting plain
 }
 
 

@@ -336,3 +336,24 @@ def test_prompts_admitted_together_start_at_their_own_level(greedy_case):  # noq
     for seq, ref in zip(seqs, refs[:4]):
         assert seq.output_ids == ref[:8]
     assert calls[0] == (False, [])  # the prefill of all four: their level (4-7) starts plain
+
+
+@pytest.mark.slow
+def test_prompt_lookup_alone_is_governed_and_exact(greedy_case):  # noqa: F811
+    """`plain_fallback` with prompt lookup's fixed verification: the engine measures the
+    step-time table the governor scores with (it used to build none, and the setting did
+    nothing), and output stays plain decoding's while the governor switches."""
+    from dspark.engine.config import SpeculativeConfig
+    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.sampling import SamplingParams
+
+    target, prompts, refs = greedy_case
+    engine = LLMEngine(target, SpeculativeConfig(method="ngram", plain_fallback=True),
+                       EngineConfig(max_num_seqs=4, max_model_len=512))
+    assert engine.governor is not None and engine.step_table is not None
+    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)  # switch often
+    seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:8]):
+        assert seq.output_ids == ref
+    gov = engine.governor
+    assert gov.switches >= 2 and gov.steps(SPEC) > 0 and gov.steps(PLAIN) > 0

@@ -378,7 +378,7 @@ def test_health_and_metrics_answer_while_the_engine_is_built(tmp_path):
 
 
 # --- the command ----------------------------------------------------------------------------------------
-def test_default_speculation_falls_back_to_none_without_a_shipped_drafter(tmp_path, monkeypatch, caplog):
+def test_default_speculation_falls_back_to_prompt_lookup_without_a_shipped_drafter(tmp_path, monkeypatch, caplog):
     from types import SimpleNamespace
 
     from dspark.engine.config import resolve_speculative
@@ -386,8 +386,10 @@ def test_default_speculation_falls_back_to_none_without_a_shipped_drafter(tmp_pa
     monkeypatch.setattr("dspark.engine.config.SHIPPED_DIR", tmp_path)
     target = SimpleNamespace(name="default")
     with caplog.at_level("WARNING", logger="dspark.serve"):
-        assert resolve_speculative("default", target) is None
-    assert "WITHOUT speculative decoding" in caplog.text
+        spec = resolve_speculative("default", target)
+    # no drafter: prompt lookup alone, governed from two requests (the governor needs the CPU's table)
+    assert spec.method == "ngram" and spec.plain_fallback == 2 and not spec.lookup
+    assert "prompt lookup alone" in caplog.text and "--speculative-config none" in caplog.text
     (tmp_path / "dspark").mkdir()
     (tmp_path / "dspark" / "config.json").write_text("{}")
     spec = resolve_speculative("default", target)

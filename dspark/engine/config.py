@@ -27,6 +27,8 @@ by how its drafted tokens fared, see dspark/drafters/hybrid.py).
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -56,7 +58,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 
 #: what a missing --speculative-config means in every command: the DSpark drafter
 #: shipped for the target, with adaptive verification; a target without one runs
-#: without speculation (with a warning). 'none' turns speculation off.
+#: `LOOKUP_DEFAULT` (with a warning). 'none' turns speculation off.
 #: hybrid drafting (DSpark + prompt lookup) with adaptive verification, and the
 #: plain-decoding fallback from 8 running requests, with trials from 2 (a level starts
 #: plain where the step-time curve says verification is dear; dspark.engine.governor).
@@ -69,6 +71,15 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: turn with plain decoding, 1.19x / 0.966x / 0.984x / 0.997x at 1 / 4 / 16 / 32
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 8, "plain_trials_from": 2}
+
+#: the default for a target without a shipped drafter: prompt lookup alone (no drafter),
+#: ungoverned at one request, governed from two (those levels start plain and try
+#: speculation now and then; dspark.engine.governor), since there a step of several
+#: tokens per request is dear and lookup's tokens are accepted too rarely. Engine alone,
+#: stepped in turn with plain decoding, on the second target (Qwen2.5-Coder-0.5B, fp32,
+#: 2-core AVX2 EPYC): 1.18x at one request, 1.00x at 4 and 16; lookup ungoverned ran
+#: 0.82x at 4 and 0.58x at 16 (docs/benchmarks/models.md, last section)
+LOOKUP_DEFAULT = {"method": "ngram", "plain_fallback": 2}
 
 
 @dataclass
@@ -93,7 +104,8 @@ class SpeculativeConfig:
     #: (dspark.schedule.live); false keeps the profile as measured at start-up
     live_step_time: bool = True
     #: turn speculation off for stretches where it measures slower than plain decoding
-    #: (dspark.engine.governor); adaptive verification on a CPU only. false: never;
+    #: (dspark.engine.governor); on a CPU only, with any verification (prompt lookup's
+    #: fixed one too: the engine then measures the step-time table it scores with). false: never;
     #: true: at every load, starting with speculation; an integer N: for steps of N or
     #: more decoding requests (their power-of-two level and above), starting with plain
     #: decoding (the default configuration uses 8)
@@ -243,7 +255,8 @@ def parse_speculative_arg(text: str | None) -> "SpeculativeConfig | str | None":
 
 def resolve_speculative(spec: "SpeculativeConfig | str | None", target) -> "SpeculativeConfig | None":
     """The config to build the engine with; "default" (DEFAULT_SPECULATIVE) falls back
-    to no speculation, with a warning, when no drafter is shipped for this target."""
+    to prompt lookup alone (LOOKUP_DEFAULT), with a warning, when no drafter is shipped
+    for this target."""
     import logging
 
     if spec != "default":
@@ -253,7 +266,8 @@ def resolve_speculative(spec: "SpeculativeConfig | str | None", target) -> "Spec
         default.drafter_path(target.name)
     except UserError as e:
         logging.getLogger("dspark.serve").warning(
-            "running WITHOUT speculative decoding: %s. Choose a drafter with --speculative-config "
-            "(e.g. '{\"method\": \"ngram\"}'), or pass 'none' to silence this warning.", e)
-        return None
+            "%s. Until then: prompt lookup alone, %s (at one request, and from two only where it "
+            "measures faster than plain decoding); --speculative-config none decodes without speculation.",
+            e, json.dumps(LOOKUP_DEFAULT))
+        return SpeculativeConfig.from_dict(LOOKUP_DEFAULT)
     return default

@@ -75,7 +75,10 @@ class LLMEngine:
         if drafter is None:
             policy = make_policy("none")
         else:
-            if spec.policy in ("dspark-sync", "dspark-async") and step_table is None:
+            # the scheduler prices with the step-time table; the governor scores with it
+            # (any policy: prompt lookup's fixed verification too)
+            governed = spec.plain_fallback and target.device.type == "cpu"
+            if (spec.policy in ("dspark-sync", "dspark-async") or governed) and step_table is None:
                 from dspark.profiling.tables import load_or_profile
 
                 step_table = load_or_profile(target, drafter, self.config.max_num_seqs, n)
