@@ -126,13 +126,20 @@ def fp32_rows_invariant(width: int, rows: int = 8) -> bool:
 
 def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     """The fastest batch-invariant CPU precision for this model on this CPU, by a short
-    measurement (well under a second): a decode-sized (1 row) and a verification-sized
-    (8 rows) product with the model's MLP shape, for bf16w (where the native kernel
-    builds), fp32, and bf16x where the CPU has AMX or avx512_bf16. Returns (precision,
-    a line saying what was measured)."""
+    measurement (about a second): a decode-sized (1 row) and a verification-sized
+    (8 rows) product with the model's MLP shape, over distinct weights of some 128 MB in
+    fp32 so that they stream from memory as a model's do (one weight read again and
+    again stays in cache, where fp32 and bf16w run level), for bf16w (where the native
+    kernel builds), fp32, and bf16x where the CPU has AMX or avx512_bf16. Returns
+    (precision, a line saying what was measured)."""
     best, line, _ = _measure_precisions(cfg, repeats)
     return best, line
 
+
+#: the precision measurement's weights: distinct ones of the model's MLP shape, this
+#: many fp32 bytes in all (beyond a 2-core machine's share of cache), at most this many
+MEASURE_BYTES = 128 << 20
+MEASURE_WEIGHTS_MAX = 16
 
 #: other processes' busy cores (dspark.profiling.measure.busy_cores) above which a
 #: precision measurement is not cached
@@ -154,7 +161,9 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
         why = cpu_kernels.why_unavailable()
         return "fp32", "dtype auto: fp32" + (f" (bf16w unavailable: {why})" if why else ""), True
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(2 * cfg.intermediate_size, cfg.hidden_size, generator=gen) * 0.02
+    shape = (2 * cfg.intermediate_size, cfg.hidden_size)
+    count = max(1, min(MEASURE_WEIGHTS_MAX, -(-MEASURE_BYTES // (4 * shape[0] * shape[1]))))
+    ws = [torch.randn(*shape, generator=gen) * 0.02 for _ in range(count)]
     xs = [torch.randn(m, cfg.hidden_size, generator=gen) for m in (1, 8)]
     ms: dict[str, float] = {}
     steady = True
@@ -162,20 +171,23 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
         for name in BATCH_INVARIANT_CPU:
             if name == "bf16x" and (cpu_matmul.bf16x_kernel() is None or cfg.hidden_size % 32):
                 continue
-            lin = torch.nn.Linear(cfg.hidden_size, w.shape[0], bias=False)
-            lin.weight = torch.nn.Parameter(w.to(torch.float32 if name == "fp32" else torch.bfloat16),
-                                            requires_grad=False)
-            fwd = {"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward,
-                   "fp32": _F32PanelLinearForward}[name](lin)
+            fwds = []
+            for w in ws:
+                lin = torch.nn.Linear(cfg.hidden_size, shape[0], bias=False)
+                lin.weight = torch.nn.Parameter(w.to(torch.float32 if name == "fp32" else torch.bfloat16),
+                                                requires_grad=False)
+                fwds.append({"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward,
+                             "fp32": _F32PanelLinearForward}[name](lin))
             times = []
             for r in range(repeats + 2):
                 t0 = time.perf_counter()
                 for x in xs:
-                    fwd(x)
+                    for fwd in fwds:
+                        fwd(x)
                 if r >= 2:
                     times.append(time.perf_counter() - t0)
             times.sort()
-            ms[name] = times[len(times) // 2] * 1e3
+            ms[name] = times[len(times) // 2] * 1e3 / len(fwds)  # per weight
             steady = steady and (times[-1] - times[0]) * 1e3 <= PRECISION_NOISE * ms[name]
     # bf16w first unless fp32 is clearly faster, so a near-tie does not flip the
     # precision (and the outputs) from one start to the next.
