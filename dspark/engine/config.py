@@ -77,8 +77,9 @@ DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True,
 #: speculation now and then; dspark.engine.governor), since there a step of several
 #: tokens per request is dear and lookup's tokens are accepted too rarely. Engine alone,
 #: stepped in turn with plain decoding, on the second target (Qwen2.5-Coder-0.5B, fp32,
-#: 2-core AVX2 EPYC): 1.18x at one request, 1.00x at 4 and 16; lookup ungoverned ran
-#: 0.82x at 4 and 0.58x at 16 (docs/benchmarks/models.md, last section)
+#: 2-core AVX2 EPYC): 1.18x at one request, 1.00x at 4 and 16 (in bf16w: 1.04x, 1.00x at
+#: 4); lookup ungoverned ran 0.82x at 4 and 0.58x at 16 (docs/benchmarks/models.md, last
+#: section)
 LOOKUP_DEFAULT = {"method": "ngram", "plain_fallback": 2}
 
 
