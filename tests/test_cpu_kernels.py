@@ -11,7 +11,6 @@ from dspark.runtime import cpu_kernels, cpu_matmul
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.loader import choose_precision, load_transformer, parse_precision
-from dspark.runtime.weight_formats import weight_kind
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"native kernel unavailable: {cpu_kernels.why_unavailable()}")
@@ -134,32 +133,6 @@ def test_precision_names_and_auto_choice(tiny_hf):
     said.clear()
     load_transformer(path, "bf16", log=said.append)
     assert said and "differ from plain decoding" in said[0]
-
-
-def test_fp32_says_when_its_matmuls_are_not_batch_invariant(tiny_hf, monkeypatch):
-    """fp32 runs its linears through the native fp32-weight kernel and has nothing to
-    say; where the kernels cannot run, torch's fp32 linear is checked at load: a row
-    whose bits change with the number of rows in the product is a near-tie risk for
-    speculation, and the load says so."""
-    from dspark.runtime import loader
-
-    _, path, _ = tiny_hf
-    real = torch.nn.functional.linear
-    # a linear whose rows do depend on the row count, and one computed row by row
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: real(x, w, b) * (1 + 1e-7 * x.shape[0]))
-    assert not loader.fp32_rows_invariant(16)
-    said = []
-    model = load_transformer(path, "fp32", log=said.append)
-    assert said == [] and weight_kind(model.layers[0].qkv_proj) == "f32w"
-    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
-    model = load_transformer(path, "fp32", log=said.append)
-    assert said == [loader.FP32_NOT_INVARIANT_NOTE] and weight_kind(model.layers[0].qkv_proj) is None
-    monkeypatch.setattr(torch.nn.functional, "linear",
-                        lambda x, w, b=None: torch.stack([real(r, w, b) for r in x]) if x.dim() == 2 else real(x, w, b))
-    assert loader.fp32_rows_invariant(16)
-    said.clear()
-    load_transformer(path, "fp32", log=said.append)
-    assert said == []
 
 
 def _cache_and_tokens(g, slots=4, kvh=3, heads=9, length=64, d=64):

@@ -112,3 +112,29 @@ def test_fp32_verification_gives_the_bits_of_decoding_one_by_one(tiny_hf):
     together = model(FlatBatch.from_requests([tokens, [5, 6, 7, 8, 9], [11]], [len(prompt), 0, 0], slots,
                                              logits="all"), cache)[0][:len(tokens)]
     assert torch.equal(one_by_one, together)
+
+
+def test_fp32_says_when_its_matmuls_are_not_batch_invariant(tiny_hf, monkeypatch):
+    """fp32 runs its linears through the native fp32-weight kernel and has nothing to
+    say; where the kernels cannot run, torch's fp32 linear is checked at load: a row
+    whose bits change with the number of rows in the product is a near-tie risk for
+    speculation, and the load says so."""
+    from dspark.runtime import loader
+
+    _, path, _ = tiny_hf
+    real = torch.nn.functional.linear
+    # a linear whose rows do depend on the row count, and one computed row by row
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: real(x, w, b) * (1 + 1e-7 * x.shape[0]))
+    assert not loader.fp32_rows_invariant(16)
+    said = []
+    model = load_transformer(path, "fp32", log=said.append)
+    assert said == [] and weight_kind(model.layers[0].qkv_proj) == "f32w"
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    model = load_transformer(path, "fp32", log=said.append)
+    assert said == [loader.FP32_NOT_INVARIANT_NOTE] and weight_kind(model.layers[0].qkv_proj) is None
+    monkeypatch.setattr(torch.nn.functional, "linear",
+                        lambda x, w, b=None: torch.stack([real(r, w, b) for r in x]) if x.dim() == 2 else real(x, w, b))
+    assert loader.fp32_rows_invariant(16)
+    said.clear()
+    load_transformer(path, "fp32", log=said.append)
+    assert said == []

@@ -34,8 +34,8 @@ FORMAT_HELP = """formats:
                draft-dflash / draft-eagle3.
 
 calibration.json (DSpark's STS temperatures) is copied along; `dspark generate/serve
---speculative-config '{"model": OUT}'` loads every format back. See the README section
-"Serving a drafter on llama.cpp and vLLM" for the full commands."""
+--speculative-config '{"model": OUT}'` loads every format back. See docs/interop.md
+for the full commands."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
