@@ -43,29 +43,43 @@ def set_gemm_isa(isa: str) -> str:
 _PANEL_ORDER = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
 
 
-class PackedBf16:
-    """A bf16 weight [N, K] laid out for the kernel: ceil(N / 16) panels of [K][16]."""
+class _Panels:
+    """A weight [N, K] laid out for a panel kernel (kernels/gemm_panels.h): ceil(N / 16)
+    panels of [K][16], the 16 columns in the subclass's `ORDER` (None: in order)."""
+
+    DTYPE: torch.dtype
+    KIND: str  # the dtype's name, for messages
+    NAME: str  # the kernel, for messages
+    ORDER: list[int] | None = None
 
     def __init__(self, weight: torch.Tensor) -> None:
-        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
-            raise TypeError("gemm_bf16w takes a CPU bf16 weight [out_features, in_features]")
+        if weight.dtype != self.DTYPE or weight.device.type != "cpu" or weight.dim() != 2:
+            raise TypeError(f"{self.NAME} takes a CPU {self.KIND} weight [out_features, in_features]")
         n, k = weight.shape
         p = (n + 15) // 16
-        padded = weight.new_zeros(p * 16, k)
-        padded[:n] = weight
-        order = torch.tensor(_PANEL_ORDER)
-        self.data = padded.view(p, 16, k)[:, order].transpose(1, 2).contiguous()  # [p, K, 16]
+        padded = weight.new_zeros(p * 16, k).view(p, 16, k)
+        padded.view(p * 16, k)[:n] = weight
+        if self.ORDER is not None:
+            padded = padded[:, torch.tensor(self.ORDER)]
+        self.data = padded.transpose(1, 2).contiguous()  # [p, K, 16]
         self.out_features, self.in_features = n, k
 
     @classmethod
-    def from_panels(cls, data: torch.Tensor, out_features: int) -> "PackedBf16":
+    def from_panels(cls, data: torch.Tensor, out_features: int):
         """A packing made earlier (its `data`, e.g. mapped from a prepared checkpoint)."""
         p, k, width = data.shape
-        if data.dtype != torch.bfloat16 or width != 16 or p != (out_features + 15) // 16:
-            raise ValueError(f"panels {tuple(data.shape)} {data.dtype} do not hold {out_features} bf16 rows")
+        if data.dtype != cls.DTYPE or width != 16 or p != (out_features + 15) // 16:
+            raise ValueError(f"panels {tuple(data.shape)} {data.dtype} do not hold {out_features} {cls.KIND} rows")
         self = cls.__new__(cls)
         self.data, self.out_features, self.in_features = data, out_features, k
         return self
+
+
+class PackedBf16(_Panels):
+    """A bf16 weight [N, K] laid out for the bf16w kernel, each panel's columns in the
+    order its widening loads want (`_PANEL_ORDER`, see kernels/gemm_bf16w.c)."""
+
+    DTYPE, KIND, NAME, ORDER = torch.bfloat16, "bf16", "gemm_bf16w", _PANEL_ORDER
 
 
 def _run_packed(fn, x: torch.Tensor, packed, bias: torch.Tensor | None, name: str) -> torch.Tensor:
@@ -96,29 +110,10 @@ def gemm_bf16w(x: torch.Tensor, weight: "torch.Tensor | PackedBf16",
     return _run_packed(lib.dspark_gemm_bf16w_packed, x, packed, bias, "gemm_bf16w")
 
 
-class PackedF32:
-    """An fp32 weight [N, K] laid out for the f32w kernel: ceil(N / 16) panels of [K][16],
-    the 16 columns in order."""
+class PackedF32(_Panels):
+    """An fp32 weight [N, K] laid out for the f32w kernel, the 16 columns in order."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-            raise TypeError("gemm_f32w takes a CPU fp32 weight [out_features, in_features]")
-        n, k = weight.shape
-        p = (n + 15) // 16
-        padded = weight.new_zeros(p * 16, k)
-        padded[:n] = weight
-        self.data = padded.view(p, 16, k).transpose(1, 2).contiguous()  # [p, K, 16]
-        self.out_features, self.in_features = n, k
-
-    @classmethod
-    def from_panels(cls, data: torch.Tensor, out_features: int) -> "PackedF32":
-        """A packing made earlier (its `data`, e.g. mapped from a prepared checkpoint)."""
-        p, k, width = data.shape
-        if data.dtype != torch.float32 or width != 16 or p != (out_features + 15) // 16:
-            raise ValueError(f"panels {tuple(data.shape)} {data.dtype} do not hold {out_features} fp32 rows")
-        self = cls.__new__(cls)
-        self.data, self.out_features, self.in_features = data, out_features, k
-        return self
+    DTYPE, KIND, NAME = torch.float32, "fp32", "gemm_f32w"
 
 
 def gemm_f32w(x: torch.Tensor, weight: "torch.Tensor | PackedF32",
