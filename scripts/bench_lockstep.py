@@ -47,6 +47,7 @@ CONFIGS = {
     "lookup": {"method": "ngram"},  # prompt lookup alone, fixed verification: needs no drafter (any model)
     "lookup-governed": {"method": "ngram", "plain_fallback": True},  # the same, the governor at every load
     "lookup-governed-from2": {"method": "ngram", "plain_fallback": 2},  # governed from 2 requests, starting plain
+    "lookup3-governed-from2": {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2},  # 3 tokens
 }
 
 

@@ -73,14 +73,15 @@ DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True,
                        "plain_fallback": 8, "plain_trials_from": 2}
 
 #: the default for a target without a shipped drafter: prompt lookup alone (no drafter),
-#: ungoverned at one request, governed from two (those levels start plain and try
-#: speculation now and then; dspark.engine.governor), since there a step of several
-#: tokens per request is dear and lookup's tokens are accepted too rarely. Engine alone,
-#: stepped in turn with plain decoding, on the second target (Qwen2.5-Coder-0.5B, fp32,
-#: 2-core AVX2 EPYC): 1.18x at one request, 1.00x at 4 and 16 (in bf16w: 1.04x, 1.00x at
-#: 4); lookup ungoverned ran 0.82x at 4 and 0.58x at 16 (docs/benchmarks/models.md, last
-#: section)
-LOOKUP_DEFAULT = {"method": "ngram", "plain_fallback": 2}
+#: verifying up to 3 tokens, ungoverned at one request, governed from two (those levels
+#: start plain and try speculation now and then; dspark.engine.governor), since there a
+#: step of several tokens per request is dear and lookup's tokens are accepted too
+#: rarely. Engine alone, stepped in turn with plain decoding, on the second target
+#: (Qwen2.5-Coder-0.5B, 2-core AVX2 EPYC), at one request: up to 3 tokens 1.15x in bf16w
+#: and 1.19x in fp32, up to 7 (the n-gram drafter's own default) 1.04x and 1.17x; at 4
+#: and 16 requests 1.00x (lookup ungoverned: 0.82x and 0.58x in fp32)
+#: (docs/benchmarks/models.md, last section)
+LOOKUP_DEFAULT = {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2}
 
 
 @dataclass
