@@ -357,3 +357,26 @@ def test_prompt_lookup_alone_is_governed_and_exact(greedy_case):  # noqa: F811
         assert seq.output_ids == ref
     gov = engine.governor
     assert gov.switches >= 2 and gov.steps(SPEC) > 0 and gov.steps(PLAIN) > 0
+
+
+def test_an_engine_that_cannot_reach_a_governed_level_measures_no_table(default_target_fp32, monkeypatch):
+    """`dspark generate` runs one request: prompt lookup governed from 2 requests (the
+    default for a target without a drafter) must not profile the target's step time
+    there, a minute on a larger model's first use; an engine of 4 requests does."""
+    from dspark.engine import engine as engine_module
+    from dspark.engine.config import LOOKUP_DEFAULT, SpeculativeConfig
+    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.profiling import tables
+
+    spec = SpeculativeConfig.from_dict(LOOKUP_DEFAULT)
+    assert not engine_module._governs_up_to(spec, 1) and engine_module._governs_up_to(spec, 2)
+    assert engine_module._governs_up_to(SpeculativeConfig(method="ngram", plain_fallback=True), 1)
+    assert not engine_module._governs_up_to(SpeculativeConfig(method="ngram"), 64)
+    assert engine_module._governs_up_to(SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=2), 2)
+    assert not engine_module._governs_up_to(SpeculativeConfig(method="dspark", plain_fallback=8), 4)
+    profiled = []
+    monkeypatch.setattr(tables, "load_or_profile", lambda *a, **k: profiled.append(a) or None)
+    one = LLMEngine(default_target_fp32, spec, EngineConfig(max_num_seqs=1, max_model_len=256))
+    assert not profiled and one.governor is None and one.step_table is None
+    LLMEngine(default_target_fp32, spec, EngineConfig(max_num_seqs=4, max_model_len=256))
+    assert len(profiled) == 1

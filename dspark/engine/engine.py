@@ -59,6 +59,18 @@ class StepOutput:
     finished: bool
 
 
+def _governs_up_to(spec, max_num_seqs: int) -> bool:
+    """Whether `spec`'s plain-decoding fallback governs a load level of at most
+    `max_num_seqs` running requests (`plain_fallback`: true governs every level, N the
+    levels from N requests, or from `plain_trials_from` where that is set)."""
+    pf = spec.plain_fallback
+    if pf is True:
+        return True
+    if not pf:
+        return False
+    return max_num_seqs >= min(int(pf), spec.plain_trials_from or int(pf))
+
+
 class LLMEngine:
     def __init__(self, target: Target, spec=None, config: EngineConfig | None = None, step_table=None) -> None:
         self.target = target
@@ -76,8 +88,9 @@ class LLMEngine:
             policy = make_policy("none")
         else:
             # the scheduler prices with the step-time table; the governor scores with it
-            # (any policy: prompt lookup's fixed verification too)
-            governed = spec.plain_fallback and target.device.type == "cpu"
+            # (any policy: prompt lookup's fixed verification too), where it governs a load
+            # level this engine can reach (`dspark generate` runs one request)
+            governed = target.device.type == "cpu" and _governs_up_to(spec, self.config.max_num_seqs)
             if (spec.policy in ("dspark-sync", "dspark-async") or governed) and step_table is None:
                 from dspark.profiling.tables import load_or_profile
 

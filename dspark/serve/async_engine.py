@@ -197,6 +197,8 @@ class AsyncEngine:
                 if stopping:
                     self._fail_all(inbox, "the server is shutting down")
                     self._publish_load()
+                    if self.log_interval > 0:
+                        self._log_window(time.monotonic())  # the last window, however short
                     break
                 self._iterate(inbox, aborts)
                 self._publish_load()
@@ -308,6 +310,9 @@ class AsyncEngine:
         now = time.monotonic()
         if now - self._last_log < self.log_interval:
             return
+        self._log_window(now)
+
+    def _log_window(self, now: float) -> None:
         self._last_log = now
         line = self.metrics.window.line(len(self.engine.running), len(self.engine.waiting), now)
         if line:
