@@ -369,11 +369,12 @@ def test_an_engine_that_cannot_reach_a_governed_level_measures_no_table(default_
     from dspark.profiling import tables
 
     spec = SpeculativeConfig.from_dict(LOOKUP_DEFAULT)
-    assert not engine_module._governs_up_to(spec, 1) and engine_module._governs_up_to(spec, 2)
-    assert engine_module._governs_up_to(SpeculativeConfig(method="ngram", plain_fallback=True), 1)
-    assert not engine_module._governs_up_to(SpeculativeConfig(method="ngram"), 64)
-    assert engine_module._governs_up_to(SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=2), 2)
-    assert not engine_module._governs_up_to(SpeculativeConfig(method="dspark", plain_fallback=8), 4)
+    gov = engine_module._governor
+    assert not gov(spec).governs(1) and gov(spec).governs(2)
+    assert gov(SpeculativeConfig(method="ngram", plain_fallback=True)).governs(1)
+    assert gov(SpeculativeConfig(method="ngram")) is None
+    assert gov(SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=2)).governs(2)
+    assert not gov(SpeculativeConfig(method="dspark", plain_fallback=8)).governs(4)
     profiled = []
     monkeypatch.setattr(tables, "load_or_profile", lambda *a, **k: profiled.append(a) or None)
     one = LLMEngine(default_target_fp32, spec, EngineConfig(max_num_seqs=1, max_model_len=256))

@@ -59,16 +59,15 @@ class StepOutput:
     finished: bool
 
 
-def _governs_up_to(spec, max_num_seqs: int) -> bool:
-    """Whether `spec`'s plain-decoding fallback governs a load level of at most
-    `max_num_seqs` running requests (`plain_fallback`: true governs every level, N the
-    levels from N requests, or from `plain_trials_from` where that is set)."""
+def _governor(spec) -> "SpecGovernor | None":
+    """The plain-decoding fallback `spec` asks for, or None (its step cost is set once
+    the engine has the step-time table)."""
+    if spec is None or not spec.plain_fallback:
+        return None
+    from .governor import SpecGovernor
+
     pf = spec.plain_fallback
-    if pf is True:
-        return True
-    if not pf:
-        return False
-    return max_num_seqs >= min(int(pf), spec.plain_trials_from or int(pf))
+    return SpecGovernor(from_requests=None if pf is True else int(pf), trials_from=spec.plain_trials_from)
 
 
 class LLMEngine:
@@ -84,13 +83,14 @@ class LLMEngine:
         # the one place the verification length is settled: as asked, at most what the drafter drafts
         n = min(spec.num_speculative_tokens or drafter.max_draft_tokens, drafter.max_draft_tokens) \
             if drafter else 0
+        governor = _governor(spec) if target.device.type == "cpu" else None
         if drafter is None:
             policy = make_policy("none")
         else:
             # the scheduler prices with the step-time table; the governor scores with it
             # (any policy: prompt lookup's fixed verification too), where it governs a load
             # level this engine can reach (`dspark generate` runs one request)
-            governed = target.device.type == "cpu" and _governs_up_to(spec, self.config.max_num_seqs)
+            governed = governor is not None and governor.governs(self.config.max_num_seqs)
             if (spec.policy in ("dspark-sync", "dspark-async") or governed) and step_table is None:
                 from dspark.profiling.tables import load_or_profile
 
@@ -120,12 +120,9 @@ class LLMEngine:
                 from dspark.schedule.live import LiveStepTime
 
                 self.live_table = LiveStepTime(step_table)
-            if step_table is not None and spec is not None and spec.plain_fallback:
-                from .governor import SpecGovernor
-
-                pf = spec.plain_fallback
-                self.governor = SpecGovernor(from_requests=None if pf is True else int(pf),
-                                             trials_from=spec.plain_trials_from, step_cost=step_table.target_time)
+            if step_table is not None and governor is not None:
+                governor.step_cost = step_table.target_time
+                self.governor = governor
             # with a table: against the profile (and it keeps the table true, unless the
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against

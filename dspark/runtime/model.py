@@ -312,7 +312,8 @@ class Transformer(nn.Module):
         key = (self.precision, self.device.type)
         if self.__dict__.get("_stack_key") != key:
             self._stack_key = key
-            self._native_stack = (NativeStack.for_layers(self.layers) if key in (("bf16w", "cpu"), ("bf16x", "cpu"), ("fp32", "cpu"))
+            # fp32 activations on a CPU; whether the linears are native, for_layers decides
+            self._native_stack = (NativeStack.for_layers(self.layers) if key[1] == "cpu"
                                   and self.dtype == torch.float32 else None)
         return self._native_stack
 

@@ -56,7 +56,7 @@ class NativeStack:
     None where the kernel does not apply."""
 
     def __init__(self, cfg, parts: list[dict], lib: ctypes.CDLL, kind: str = "bf16w") -> None:
-        """parts: per layer, the packed panels "qkv", "o", "gu", "down" (bf16), the fp32
+        """parts: per layer, the packed panels "qkv", "o", "gu", "down" (bf16 or fp32), the fp32
         "qkv_b" (or None), "ln1", "ln2" and the per-head "q_norm", "k_norm" (or None).
         kind: the weights' kind, "bf16w", "bf16x" or "f32w" (one for all)."""
         self.cfg, self.lib, self.kind = cfg, lib, _KINDS[kind]
@@ -86,8 +86,8 @@ class NativeStack:
     @classmethod
     def for_layers(cls, layers: nn.ModuleList) -> "NativeStack | None":
         """A stack for the runtime's decoder layers, or None: no native kernels,
-        `DSPARK_NO_NATIVE_STACK` set, a linear not native (bf16w, bf16x, f32w), a norm not fp32, or a bias the
-        kernel does not take (only the qkv projection may have one)."""
+        `DSPARK_NO_NATIVE_STACK` set, a linear not native (bf16w, bf16x, f32w), a norm not
+        fp32, or a bias the kernel does not take (only the qkv projection may have one)."""
         lib = cls._lib()
         if lib is None or not len(layers):
             return None

@@ -50,7 +50,7 @@ def prepared_path(src: Path, precision: str) -> Path | None:
     ident = "|".join(f"{f}:{st.st_size}:{st.st_mtime_ns}" for f, st in stats)
     from . import cpu_kernels
 
-    if precision in ("bf16w", "bf16x") or (precision == "fp32" and cpu_kernels.available()):
+    if precision in ("bf16w", "bf16x", "fp32") and cpu_kernels.available():  # packed for the native kernels
         ident += "|" + cpu_kernels.build_id()
     digest = hashlib.sha1(f"{ident}|{precision}|{LAYOUT_VERSION}".encode()).hexdigest()[:12]
     return cache_root() / "prepared" / f"{src.name}-{precision}-{digest}.safetensors"
