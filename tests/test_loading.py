@@ -116,3 +116,35 @@ def test_plain_tokenizer_equals_transformers():
             want = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
             want = list(want["input_ids"] if hasattr(want, "keys") else want)
             assert tok.apply_chat_template(msgs) == want
+
+
+
+def test_older_prepared_files_are_pruned(tmp_path, monkeypatch):
+    # When a prepared file is written, the files of the same checkpoint name and
+    # precision beyond the KEEP_PER_KEY most recently used go; others stay.
+    import os
+
+    from safetensors.torch import save_file
+
+    monkeypatch.setattr(prepared, "KEEP_PER_KEY", 2)
+    d = tmp_path / "prepared"
+    d.mkdir()
+
+    def made(name, age):
+        f = d / name
+        save_file({"w": torch.zeros(2)}, str(f))
+        os.utime(f, (1e9 - age, 1e9 - age))
+        return f
+
+    old = [made(f"m-1-bf16w-{i:012x}.safetensors", 100 + i) for i in range(3)]
+    kept = [made("m-1-fp32-0000000000aa.safetensors", 500), made("n-bf16w-0000000000bb.safetensors", 500),
+            made("m-1-bf16w-x-bf16w-0000000000cc.safetensors", 500)]
+    prepared.save_prepared(d / "m-1-bf16w-0000000000ff.safetensors", {"w": torch.ones(2)})
+    assert (d / "m-1-bf16w-0000000000ff.safetensors").is_file()
+    assert [f.exists() for f in old] == [True, False, False]  # the newest older one stays
+    assert all(f.exists() for f in kept)
+    # A load marks its file used: the oldest file, loaded, outlives the others.
+    os.utime(d / "m-1-bf16w-0000000000ff.safetensors", (1e9, 1e9))
+    assert torch.equal(prepared.load_prepared(old[0])["w"], torch.zeros(2))
+    prepared.save_prepared(d / "m-1-bf16w-0000000000ee.safetensors", {"w": torch.ones(2)})
+    assert old[0].exists() and not (d / "m-1-bf16w-0000000000ff.safetensors").exists()

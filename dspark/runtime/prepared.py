@@ -10,6 +10,11 @@ precision, this layout's version and, where the native kernels run, their build;
 checkpoint or runtime gets a new file. Small checkpoints (tests' tiny models) are not
 cached: converting them is quicker than a file.
 
+Files that a changed checkpoint or runtime left behind are pruned: when a new file is
+written, only the KEEP_PER_KEY most recently used files of the same checkpoint name and
+precision stay (a load marks its file used), so two installs with different kernel
+builds do not prepare again in turn, and the cache does not grow with every rebuild.
+
 Set DSPARK_NO_PREPARED=1 to neither read nor write these files.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +34,8 @@ LAYOUT_VERSION = 1
 #: checkpoints smaller than this are converted at each load instead
 MIN_BYTES = 32 << 20
 PANELS = ".panels"
+#: prepared files kept per checkpoint name and precision (the most recently used)
+KEEP_PER_KEY = 2
 
 
 def _source_files(src: Path) -> list[Path]:
@@ -65,9 +73,14 @@ def load_prepared(path: Path | None) -> dict[str, torch.Tensor] | None:
 
     try:
         with safe_open(str(path), framework="pt") as fh:
-            return {k: fh.get_tensor(k) for k in fh.keys()}
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
     except Exception:  # truncated or corrupt: prepare again, overwriting it
         return None
+    try:
+        os.utime(path)  # used now: the last to be pruned
+    except OSError:
+        pass
+    return tensors
 
 
 def save_prepared(path: Path | None, tensors: dict[str, torch.Tensor]) -> None:
@@ -85,8 +98,38 @@ def save_prepared(path: Path | None, tensors: dict[str, torch.Tensor]) -> None:
         save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
         os.replace(tmp, path)
         tmp = None
+        prune(path)
     except (OSError, RuntimeError) as e:
         print(f"[dspark] could not cache the prepared model in {path.parent}: {e}", file=sys.stderr)
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def prune(path: Path, keep: int = KEEP_PER_KEY) -> list[Path]:
+    """Delete the prepared files of `path`'s checkpoint name and precision beyond the
+    `keep` most recently used (`path` itself is always kept). A process that maps a
+    deleted file keeps reading it (the bytes stay until it unmaps them). Returns
+    what was deleted."""
+    m = re.fullmatch(r"(.+-[a-z0-9]+)-[0-9a-f]{12}\.safetensors", path.name)
+    if m is None:
+        return []
+    same = re.compile(re.escape(m.group(1)) + r"-[0-9a-f]{12}\.safetensors")
+    try:
+        files = [f for f in path.parent.iterdir() if same.fullmatch(f.name) and f != path]
+        files.sort(key=lambda f: f.stat().st_mtime, reverse=True)
+    except OSError:
+        return []
+    gone, freed = [], 0
+    for f in files[max(keep - 1, 0):]:
+        try:
+            size = f.stat().st_size
+            f.unlink()
+        except OSError:
+            continue
+        gone.append(f)
+        freed += size
+    if gone:
+        print(f"[dspark] removed {len(gone)} older prepared file(s) of {m.group(1)} "
+              f"({freed / 2**30:.1f} GiB) from {path.parent}", file=sys.stderr)
+    return gone
