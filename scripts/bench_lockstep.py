@@ -45,6 +45,9 @@ CONFIGS = {
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
     "lookup": {"method": "ngram"},  # prompt lookup alone, fixed verification: needs no drafter (any model)
+    "lookup3": {"method": "ngram", "num_speculative_tokens": 3},  # up to 3 lookup tokens, fixed verification
+    "lookup-priced": {"method": "ngram", "enable_adaptive_verification": True},  # calibrated, lengths priced
+    "lookup-priced-from2": {"method": "ngram", "enable_adaptive_verification": True, "plain_fallback": 2},
     "lookup-governed": {"method": "ngram", "plain_fallback": True},  # the same, the governor at every load
     "lookup-governed-from2": {"method": "ngram", "plain_fallback": 2},  # governed from 2 requests, starting plain
     "lookup3-governed-from2": {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2},  # 3 tokens

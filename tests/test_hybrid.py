@@ -274,8 +274,15 @@ def test_hybrid_config_errors():
         SpeculativeConfig(lookup=True, drafter_trust="no")
     with pytest.raises(UserError, match="lookup must be true or false"):
         SpeculativeConfig(lookup="yes")
-    with pytest.raises(UserError, match="lookup is not enabled"):
+    with pytest.raises(UserError, match="no calibrated lookup runs"):
         SpeculativeConfig(lookup_calibration="x.json")
+    with pytest.raises(UserError, match="no calibrated lookup runs"):
+        SpeculativeConfig(method="ngram", lookup_calibration="x.json")  # fixed verification reads no confidence
+    assert SpeculativeConfig(method="ngram", enable_adaptive_verification=True, lookup_calibration="x.json").priced_lookup
+    with pytest.raises(UserError, match="not with 'ngram'"):
+        SpeculativeConfig(method="ngram", lookup=True)
+    with pytest.raises(UserError, match="needs confidence estimates"):
+        SpeculativeConfig(method="mtp", enable_adaptive_verification=True)
 
 
 def test_trust_scales_lookup_confidence_to_the_workload_and_to_each_request():

@@ -20,7 +20,10 @@ head biases the backbone's top-N tokens per position; 0 = the full vocabulary),
 `prompt_lookup_max`, `prompt_lookup_min` (ngram, and hybrid lookup), and `lookup`
 (dspark: hybrid drafting, prompt lookup and the DSpark block in one block, per
 position the proposal with the higher calibrated confidence; `lookup_calibration`
-names a table fitted by `dspark calibrate-lookup`, default the shipped one;
+names a table fitted by `dspark calibrate-lookup`, default the shipped one; ngram
+with a confidence policy (`enable_adaptive_verification`, `dspark-sync`, `threshold`)
+is priced lookup: calibrated confidences, each request's length chosen on the target's
+step time, dspark/drafters/priced_lookup.py;
 `drafter_trust` (hybrid, default true): the drafter's confidences scaled per request
 by how its drafted tokens fared, see dspark/drafters/hybrid.py).
 """
@@ -147,22 +150,29 @@ class SpeculativeConfig:
         if pt is not None and (isinstance(pf, bool) or pt >= pf):
             raise UserError(f"plain_trials_from ({pt}) needs plain_fallback set to a larger number of requests "
                             f"(got {pf!r}): it governs the levels below plain_fallback's")
-        if (self.lookup or self.lookup_calibration) and self.method != "dspark":
+        if self.lookup and self.method != "dspark":
             raise UserError(f"lookup (hybrid drafting) combines prompt lookup with the dspark method's confidences, "
-                            f"not with {self.method!r}")
+                            f"not with {self.method!r} (ngram with enable_adaptive_verification is lookup priced "
+                            f"by the scheduler)")
         if not isinstance(self.drafter_trust, bool):
             raise UserError(f"drafter_trust must be true or false, got {self.drafter_trust!r}")
-        if self.lookup_calibration is not None and not self.lookup:
-            raise UserError("lookup_calibration is given but lookup is not enabled (\"lookup\": true)")
+        if self.lookup_calibration is not None and not (self.lookup or self.priced_lookup):
+            raise UserError("lookup_calibration is given but no calibrated lookup runs (\"lookup\": true with "
+                            "dspark, or ngram with enable_adaptive_verification)")
         if not 0 < self.confidence_threshold < 1:
             raise UserError(f"confidence_threshold must be in (0, 1), got {self.confidence_threshold!r}")
         if self.method == "mtp" and n not in (None, 1):
             raise UserError("mtp drafts exactly one token per round: num_speculative_tokens must be 1")
-        if self.policy in ("threshold", "dspark-sync", "dspark-async") and self.method not in ("dspark",):
+        if self.policy in ("threshold", "dspark-sync", "dspark-async") and self.method not in ("dspark", "ngram"):
             raise UserError(
-                f"verification_policy {self.policy!r} needs confidence estimates, which only the dspark "
-                f"method has; use 'fixed' with {self.method!r}"
+                f"verification_policy {self.policy!r} needs confidence estimates, which the dspark method "
+                f"and calibrated prompt lookup (ngram) have; use 'fixed' with {self.method!r}"
             )
+
+    @property
+    def priced_lookup(self) -> bool:
+        """ngram under a policy that reads confidences: calibrated lookup (LookupDrafter)."""
+        return self.method == "ngram" and self.policy in ("threshold", "dspark-sync", "dspark-async")
 
     @property
     def policy(self) -> str:
@@ -204,6 +214,13 @@ def build_drafter(spec: SpeculativeConfig, target):
     """The drafter a config names, placed on the target's device."""
     from dspark.drafters import create_drafter, load_drafter
 
+    if spec.priced_lookup:
+        from dspark.drafters.lookup import LookupCalibration
+        from dspark.drafters.priced_lookup import LookupDrafter
+
+        calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
+        return LookupDrafter(calibration, spec.prompt_lookup_max, spec.prompt_lookup_min,
+                             spec.num_speculative_tokens or 7, device=target.device)
     if spec.method == "ngram":
         sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,

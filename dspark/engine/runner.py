@@ -91,6 +91,8 @@ class SpecRunner:
         self.gate = DraftGate()
         #: hybrid drafting: rows left out of drafting get prompt lookup alone
         self.lookup_rows = bool(getattr(drafter, "lookup_enabled", False))
+        #: False: the drafter has no block to run (priced lookup): every row is a lookup row
+        self.drafts_block = bool(getattr(drafter, "drafts_block", True))
         #: ... except requests whose lookup proposals the scheduler keeps verifying nothing
         #: of (a lookup costs 40-70 us of Python a request, 3 % of a 16-request step)
         self.lookup_gate = DraftGate()
@@ -182,7 +184,7 @@ class SpecRunner:
         n = self.num_speculative_tokens
         if not decodes or n == 0 or not self.speculating:
             return none
-        drafting = self.policy.should_draft(len(decodes), n)
+        drafting = self.drafts_block and self.policy.should_draft(len(decodes), n)
         live = [i for i, s in enumerate(decodes) if s.speculate and s.request_id not in self.undrafted]
         rows = [i for i in live if drafting and decodes[i].request_id not in self.contextless
                 and self.gate.wants_draft(decodes[i].request_id)]
