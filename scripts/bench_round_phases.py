@@ -46,6 +46,8 @@ CONFIGS = {
     "mtp": {"method": "mtp"},
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
+    # prompt lookup with calibrated confidences, each request's length priced on the step time
+    "lookup-priced": {"method": "ngram", "enable_adaptive_verification": True},
     # the default: hybrid with its plain-decoding fallback at high load
     "default": DEFAULT_SPECULATIVE,
     # the default without prompt lookup: the drafter alone, scheduled and governed as in the default

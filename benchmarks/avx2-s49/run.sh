@@ -1,0 +1,11 @@
+#!/bin/sh
+# This directory's numbers (2-core AMD EPYC, AVX2+FMA, no AVX-512: lscpu.txt), nothing else running.
+cd "$(dirname "$0")/../.."
+D=benchmarks/avx2-s49
+python3 scripts/bench_round_phases.py --configs plain,default,ngram,dspark-1 --prompts 6 --max-tokens 128 --json $D/phases_c1.json
+python3 scripts/bench_lockstep.py --configs plain,default,lookup,dspark,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 2 --json $D/lockstep_c1.json
+python3 scripts/bench_lockstep.py --configs plain,default,lookup3,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 2 --json $D/lockstep_c1_lookup3.json
+python3 scripts/bench_lockstep.py --configs plain,lookup3,lookup-priced,default,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 2 --json $D/priced_c1.json
+python3 scripts/bench_lockstep.py --configs plain,lookup3-governed-from2,lookup-priced,lookup3,plain-again --concurrency 4 --num-prompts 32 --max-tokens 96 --repeats 1 --json $D/priced_c4.json
+python3 $D/priced_diag.py
+python3 $D/step_bookkeeping.py
