@@ -127,19 +127,29 @@ def test_requests_whose_lookup_never_pays_leave_the_lookup_rows(default_target_f
     from dspark.engine.config import SpeculativeConfig
     from dspark.schedule.step_time import StepTimeTable
 
+    from dspark.engine.runner import LOOKUP_GATE_FROM
+
     target = default_target_fp32
-    prompts = [target.tokenizer.chat_prompt(p) for p in PROMPTS[:2]]
-    plain = [generate_plain(target, p, SamplingParams(max_tokens=24)).token_ids for p in prompts]
+    n = LOOKUP_GATE_FROM  # the gate holds requests back from this many decoding requests
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = [target.tokenizer.chat_prompt(p) for p in (PROMPTS * n)[:n]]
+    plain = [generate_plain(target, p, params).token_ids for p in prompts]
     steep = StepTimeTable.synthetic(base_ms=10, knee=1, per_token_ms=1000, max_tokens=4096, drafter_ms=1000)
     spec = SpeculativeConfig(method="dspark", lookup=True, enable_adaptive_verification=True, live_step_time=False)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512), step_table=steep)
-    hybrid = engine.runner.drafter
-    looked = []
-    real = hybrid.lookup_only
-    hybrid.lookup_only = lambda ids, *a: looked.append(len(ids)) or real(ids, *a)
-    outs = [s.output_ids for s in engine.generate(prompts, SamplingParams(max_tokens=24))]
-    assert outs == plain
-    assert engine.total_stats().accepted_tokens == 0
-    # ~46 request-steps without the gate: 3 each before it closes, then probes
-    assert 4 <= sum(looked) <= 14, looked
-    assert engine.runner.lookup_gate.skipped >= 2 * sum(looked)
+    for batch in (prompts, prompts[: n - 1]):
+        engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=n, max_model_len=512), step_table=steep)
+        hybrid = engine.runner.drafter
+        looked = []
+        real = hybrid.lookup_only
+        hybrid.lookup_only = lambda ids, *a: looked.append(len(ids)) or real(ids, *a)
+        outs = [s.output_ids for s in engine.generate(batch, params)]
+        assert outs == plain[: len(batch)]
+        assert engine.total_stats().accepted_tokens == 0
+        if len(batch) >= n:
+            # 23 request-steps each without the gate: 3 before it closes, then probes
+            assert n <= sum(looked) <= 7 * n, looked
+            assert engine.runner.lookup_gate.skipped >= 2 * sum(looked)
+        else:  # fewer requests: every one looks up on every step it is not drafted for
+            drafted = hybrid.counts["requests"] - hybrid.counts["lookup_only"]
+            assert sum(looked) + drafted == 23 * len(batch) and sum(looked) > drafted, (looked, drafted)
+            assert engine.runner.lookup_gate.skipped == 0
