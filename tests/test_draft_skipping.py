@@ -127,7 +127,7 @@ def test_requests_whose_lookup_never_pays_leave_the_lookup_rows(default_target_f
     from dspark.engine.config import SpeculativeConfig
     from dspark.schedule.step_time import StepTimeTable
 
-    from dspark.engine.runner import LOOKUP_GATE_FROM
+    from dspark.engine.draft_choice import LOOKUP_GATE_FROM
 
     target = default_target_fp32
     n = LOOKUP_GATE_FROM  # the gate holds requests back from this many decoding requests
@@ -153,3 +153,25 @@ def test_requests_whose_lookup_never_pays_leave_the_lookup_rows(default_target_f
             drafted = hybrid.counts["requests"] - hybrid.counts["lookup_only"]
             assert sum(looked) + drafted == 23 * len(batch) and sum(looked) > drafted, (looked, drafted)
             assert engine.runner.lookup_gate.skipped == 0
+
+
+def test_prompt_lookup_drafter_is_gated_only_from_four_requests(default_target_fp32):
+    """The n-gram drafter costs about a lookup a request: below LOOKUP_GATE_FROM decoding
+    requests every request looks up on every step (the gate's closed stretches missed
+    copies there); from it on, requests whose lookups keep verifying nothing are held
+    back. Output is plain decoding's either way."""
+    from dspark.engine.config import SpeculativeConfig
+    from dspark.engine.draft_choice import LOOKUP_GATE_FROM
+
+    target = default_target_fp32
+    n = LOOKUP_GATE_FROM
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    prompts = [target.tokenizer.chat_prompt(p) for p in (PROMPTS * n)[:n]]
+    plain = [generate_plain(target, p, params).token_ids for p in prompts]
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    skipped = {}
+    for batch in (prompts[:1], prompts):
+        engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=n, max_model_len=512))
+        assert [s.output_ids for s in engine.generate(batch, params)] == plain[: len(batch)]
+        skipped[len(batch)] = engine.runner.gate.skipped
+    assert skipped[1] == 0 and skipped[n] > 0, skipped

@@ -9,3 +9,7 @@ python3 scripts/bench_lockstep.py --configs plain,lookup3,lookup-priced,default,
 python3 scripts/bench_lockstep.py --configs plain,lookup3-governed-from2,lookup-priced,lookup3,plain-again --concurrency 4 --num-prompts 32 --max-tokens 96 --repeats 1 --json $D/priced_c4.json
 python3 $D/priced_diag.py
 python3 $D/step_bookkeeping.py
+python3 benchmarks/avx2-s49/default_gate_ab.py
+python3 benchmarks/avx2-s49/ngram_gate_ab.py
+python3 benchmarks/avx2-s49/ngram_gate_ab.py --model $(ls -d ~/.cache/dspark/models/qwen2.5-coder-0.5b-instruct-*) --prompts 8 --rounds 1
+python3 benchmarks/avx2-s49/priced_gate_ab.py

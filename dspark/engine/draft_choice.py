@@ -1,0 +1,123 @@
+"""The first phase of an engine step: which requests draft, which look up, and how many
+tokens each verifies (`DraftChoice._verify_lengths`, mixed into `SpecRunner`).
+
+The drafter drafts the rows the policy and the per-request draft gate let through; with
+hybrid drafting (and priced lookup, which has no drafter block) the other rows get
+prompt lookup alone, and a step with lookup rows only is priced on the target's time
+alone (`free_lengths`). Every choice rests on earlier steps' outcomes and this step's
+proposals as the policies allow (see dspark.schedule.policies), so verification stays
+lossless; a drafter fault makes the step plain decoding for the rows concerned.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dspark.drafters.base import DraftRequest
+from dspark.schedule.lookup_pricing import free_lengths
+
+from .drafts import faulty_rows, merge_drafts
+from .sequence import Sequence
+
+#: requests drafted on a probe step (the policy drafts to re-measure, not because it pays)
+PROBE_ROWS = 4
+#: decoding requests from which the lookup gate (and the draft gate of prompt lookup's
+#: n-gram drafter) holds requests back: below, a lookup costs about 0.1 ms and the gates'
+#: closed stretches missed copies (benchmarks/avx2-s49/default_gate_ab.txt, ngram_gate_ab.txt)
+LOOKUP_GATE_FROM = 4
+
+
+class DraftChoice:
+    """`SpecRunner`'s drafting and length choice (the attributes are the runner's)."""
+
+    def _verify_lengths(self, decodes: list[Sequence],
+                        prefill_tokens: int = 0) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+        """Draft and choose every decode's verification length. The drafter drafts the
+        rows the policy and the per-request gate let through; with hybrid drafting the
+        other rows get prompt lookup alone (no drafter time), and a step with lookup
+        rows only is priced on the target's time alone (`free_lengths`)."""
+        none = [0] * len(decodes), None, None
+        self._confidence = None
+        self._num_drafted = 0
+        self.last_speculated = False
+        n = self.num_speculative_tokens
+        if not decodes or n == 0 or not self.speculating:
+            return none
+        drafting = self.drafts_block and self.policy.should_draft(len(decodes), n)
+        live = [i for i, s in enumerate(decodes) if s.speculate and s.request_id not in self.undrafted]
+        gate = len(decodes) >= self.draft_gate_from
+        rows = [i for i in live if drafting and decodes[i].request_id not in self.contextless
+                and (not gate or self.gate.wants_draft(decodes[i].request_id))]
+        if len(rows) > PROBE_ROWS and self.policy.probing:
+            # a probe (drafting has not paid lately): a few requests, in turn, refresh the
+            # survivals the next decision rests on; all of them would cost a full draft
+            self._probe_turn = (self._probe_turn + PROBE_ROWS) % len(rows)
+            rows = sorted((rows + rows)[self._probe_turn: self._probe_turn + PROBE_ROWS])
+        if rows:
+            self.feed.flush([decodes[i].request_id for i in rows])
+            rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
+        looked = []
+        if self.lookup_rows:
+            taken = set(rows)
+            gated = len(decodes) >= self.lookup_gate_from
+            looked = [i for i in live if i not in taken and decodes[i].request_id not in self.undrafted
+                      and (not gated or self.lookup_gate.wants_draft(decodes[i].request_id))]
+        if not rows and not looked:
+            return none
+        self._num_drafted = len(rows)
+        self.last_speculated = True
+        out, bad, lk = None, set(), None
+        try:
+            self._draft_seconds = 0.0
+            if rows:
+                t = time.perf_counter()
+                out = self.drafter.draft(
+                    [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
+                                  decodes[i].generator) for i in rows],
+                    n,
+                )
+                self._draft_seconds = time.perf_counter() - t
+            if looked:
+                lk = self.drafter.lookup_only([decodes[i].request_id for i in looked],
+                                              [(decodes[i].prompt_ids, decodes[i].output_ids) for i in looked], n)
+        except Exception:
+            self._fault("draft")
+            return none
+        if out is not None:
+            bad = faulty_rows(out, [decodes[i].params.greedy for i in rows])
+            if bad:
+                self._fault("draft", f"non-finite logits or confidences for {len(bad)} of {len(rows)} requests")
+        block = merge_drafts(len(decodes), rows, out, looked, lk)
+        order = rows + looked
+        g = block.tokens.shape[1]
+        if block.confidence is not None:
+            conf = block.confidence[order].float().nan_to_num(0.0).clamp(0.0, 1.0)
+            survival = torch.cumprod(conf, dim=1)  # [R, G]
+            self._confidence = [None] * len(decodes)
+            for i, row in zip(rows, conf[: len(rows)].tolist()):  # the drafter's own, for its calibration
+                self._confidence[i] = row
+        else:
+            survival = torch.ones(len(order), g)
+        table = getattr(self.policy, "table", None)
+        # priced on the whole forward: the decodes verifying nothing and the prompt chunks too
+        others = len(decodes) - len(order)
+        if table is None:
+            chosen = self.policy.choose(survival)
+        elif rows:
+            chosen = self.policy.choose(survival, others, prefill_tokens)
+        else:
+            chosen = free_lengths(survival, table, others, prefill_tokens)
+        lengths = [0] * len(decodes)
+        for j, i in enumerate(order):
+            s = decodes[i]
+            cap = min(g, block.valid[i], s.params.max_tokens - len(s.output_ids) - 1,
+                      self.cache.max_len - s.num_cached - 1)
+            # Caps depend only on lengths known before drafting, so clamping stays lossless.
+            lengths[i] = 0 if j in bad else max(min(int(chosen[j]), cap), 0)
+            if j < len(rows):
+                self.gate.record(s.request_id, lengths[i])
+            else:
+                self.lookup_gate.record(s.request_id, lengths[i])
+        return lengths, block.tokens, block.logits
