@@ -42,6 +42,7 @@ CONFIGS = {
     "plain-again": None,  # an A/A control: a second plain engine
     "default": DEFAULT_SPECULATIVE,
     "default-held-plain": DEFAULT_SPECULATIVE,  # its governor held in plain mode (see the docstring)
+    "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
     "lookup": {"method": "ngram"},  # prompt lookup alone, fixed verification: needs no drafter (any model)
@@ -125,6 +126,8 @@ def main() -> int:
                           file=sys.stderr)
                     return 1
                 engine.governor.speculating = lambda n: False
+            if name == "default-gated":
+                engine.runner.lookup_gate_from = 1
             lanes.append(Lane(name, engine, prompts, params, args.concurrency))
         rnd = 0
         while not all(lane.done() for lane in lanes):

@@ -155,7 +155,7 @@ def test_requests_whose_lookup_never_pays_leave_the_lookup_rows(default_target_f
             assert engine.runner.lookup_gate.skipped == 0
 
 
-def test_prompt_lookup_drafter_is_gated_only_from_four_requests(default_target_fp32):
+def test_prompt_lookup_drafter_is_gated_only_from_lookup_gate_from(default_target_fp32):
     """The n-gram drafter costs about a lookup a request: below LOOKUP_GATE_FROM decoding
     requests every request looks up on every step (the gate's closed stretches missed
     copies there); from it on, requests whose lookups keep verifying nothing are held

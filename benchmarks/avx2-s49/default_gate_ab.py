@@ -1,4 +1,4 @@
-"""The default (hybrid) with the lookup gate at one request (`default`) and without it (`default-nogate`; the same as the shipped default now, which gates from 4 requests), beside fixed 3-token lookup and plain
+"""The default (hybrid) with the lookup gate at one request (`default`) and without it (`default-nogate`; the same as the shipped default now, which gates from 2 requests), beside fixed 3-token lookup and plain
 decoding: engines stepped in turn, 16 held-out prompts twice, one request, 96 tokens.
 
     python3 benchmarks/avx2-s49/default_gate_ab.py

@@ -1,5 +1,5 @@
 """Prompt lookup at one request with its gate at every load (`*-gated`, as before
-LOOKUP_GATE_FROM) and as shipped (gated from 4 requests), beside plain decoding:
+LOOKUP_GATE_FROM) and as shipped (gated from 2 requests; LOOKUP_GATE_FROM was 4 when this ran, the same at one request), beside plain decoding:
 engines stepped in turn, held-out prompts, 96 tokens. `--model` and `--dtype` as in
 scripts/bench_lockstep.py.
 
