@@ -15,3 +15,4 @@ python3 benchmarks/avx2-s49/ngram_gate_ab.py --model $(ls -d ~/.cache/dspark/mod
 python3 benchmarks/avx2-s49/priced_gate_ab.py
 python3 scripts/bench_lockstep.py --configs plain,default,default-gated,plain-again --concurrency 2 --num-prompts 24 --max-tokens 96 --repeats 2 --json $D/gate_c2.json
 sh $D/served_c1.sh
+python3 $D/flush_cost.py
