@@ -16,3 +16,5 @@ python3 benchmarks/avx2-s49/priced_gate_ab.py
 python3 scripts/bench_lockstep.py --configs plain,default,default-gated,plain-again --concurrency 2 --num-prompts 24 --max-tokens 96 --repeats 2 --json $D/gate_c2.json
 sh $D/served_c1.sh
 python3 $D/flush_cost.py
+python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --repeats 2 --json $D/lockstep_c4.json
+python3 $D/step_bookkeeping_c4.py

@@ -7,6 +7,7 @@ from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams
 import dspark.engine.runner as R
+import dspark.engine.draft_choice as DC
 
 acc = collections.defaultdict(lambda: [0.0, 0])
 cur = ["?"]
@@ -31,9 +32,9 @@ wrap(LLMEngine, "step", "engine.step")
 r = engines["default"].runner
 for obj, name in [(r.policy, "should_draft"), (r.policy, "choose"), (r.drafter, "lookup_only"), (r.drafter, "draft"), (r.feed, "flush"), (r.drafter, "record_verification"), (r.calibration, "observe")]:
     wrap(obj, name, name)
-wrap(R, "free_lengths", "free_lengths"); wrap(R, "merge_drafts", "merge_drafts")
+wrap(DC, "free_lengths", "free_lengths"); wrap(DC, "merge_drafts", "merge_drafts")
 e = engines["default"]
-for obj, name in [(e.governor, "speculating"), (e.governor, "record"), (e.live_table, "record"), (e.live_table, "record_outside"), (e.step_watch, "record"), (r.feed, "stash"), (r, "_keep_prompt"), (r.gate, "wants_draft"), (r.lookup_gate, "wants_draft"), (r.gate, "record"), (r.lookup_gate, "record"), (R, "faulty_rows"), (e._profile, "target_time")]:
+for obj, name in [(e.governor, "speculating"), (e.governor, "record"), (e.live_table, "record"), (e.live_table, "record_outside"), (e.step_watch, "record"), (r.feed, "stash"), (r, "_keep_prompt"), (r.gate, "wants_draft"), (r.lookup_gate, "wants_draft"), (r.gate, "record"), (r.lookup_gate, "record"), (DC, "faulty_rows"), (e._profile, "target_time")]:
     if obj is not None and hasattr(obj, name): wrap(obj, name, type(obj).__name__ + "." + name)
 import dspark.engine.engine as E
 wrap(E, "StepRecord", "StepRecord") if hasattr(E, "StepRecord") else None
