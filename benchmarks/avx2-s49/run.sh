@@ -18,3 +18,4 @@ sh $D/served_c1.sh
 python3 $D/flush_cost.py
 python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --repeats 2 --json $D/lockstep_c4.json
 python3 $D/step_bookkeeping_c4.py
+python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 3 --json $D/lockstep_c1_final.json
