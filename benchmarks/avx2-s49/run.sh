@@ -9,13 +9,13 @@ python3 scripts/bench_lockstep.py --configs plain,lookup3,lookup-priced,default,
 python3 scripts/bench_lockstep.py --configs plain,lookup3-governed-from2,lookup-priced,lookup3,plain-again --concurrency 4 --num-prompts 32 --max-tokens 96 --repeats 1 --json $D/priced_c4.json
 python3 $D/priced_diag.py
 python3 $D/step_bookkeeping.py
-python3 benchmarks/avx2-s49/default_gate_ab.py
-python3 benchmarks/avx2-s49/ngram_gate_ab.py
-python3 benchmarks/avx2-s49/ngram_gate_ab.py --model $(ls -d ~/.cache/dspark/models/qwen2.5-coder-0.5b-instruct-*) --prompts 8 --rounds 1
-python3 benchmarks/avx2-s49/priced_gate_ab.py
+python3 $D/gate_ab.py --configs plain,lookup3-gated,default-gated,default
+python3 $D/gate_ab.py
+python3 $D/gate_ab.py --model $(ls -d ~/.cache/dspark/models/qwen2.5-coder-0.5b-instruct-*) --prompts 8 --rounds 1
+python3 $D/gate_ab.py --configs plain,lookup3-gated,priced-gated,priced
 python3 scripts/bench_lockstep.py --configs plain,default,default-gated,plain-again --concurrency 2 --num-prompts 24 --max-tokens 96 --repeats 2 --json $D/gate_c2.json
 sh $D/served_c1.sh
 python3 $D/flush_cost.py
 python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --repeats 2 --json $D/lockstep_c4.json
-python3 $D/step_bookkeeping_c4.py
+python3 $D/step_bookkeeping.py 4 > $D/step_bookkeeping_c4.txt
 python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 3 --json $D/lockstep_c1_final.json

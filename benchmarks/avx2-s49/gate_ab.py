@@ -1,15 +1,21 @@
-"""Prompt lookup at one request with its gate at every load (`*-gated`, as before
-LOOKUP_GATE_FROM) and as shipped (gated from 2 requests; LOOKUP_GATE_FROM was 4 when this ran, the same at one request), beside plain decoding:
-engines stepped in turn, held-out prompts, 96 tokens. `--model` and `--dtype` as in
+"""The lookup gates at one request: each configuration with its gates at every load
+(`*-gated`, as before LOOKUP_GATE_FROM) and as shipped (gated from 2 requests; the
+same at one request as the 4 this first ran with), beside plain decoding: engines
+stepped in turn, held-out prompts, 96 tokens. `--model` and `--dtype` as in
 scripts/bench_lockstep.py.
 
-    python3 benchmarks/avx2-s49/ngram_gate_ab.py [--model PATH] [--dtype auto] [--prompts 16] [--rounds 2]
+    python3 benchmarks/avx2-s49/gate_ab.py [--configs ...] [--model PATH] [--dtype auto] [--prompts 16] [--rounds 2]
+
+ngram_gate_ab*.txt: the default --configs. default_gate_ab*.txt: --configs
+plain,lookup3-gated,default-gated,default (there named lookup3, default and
+default-nogate). priced_gate_ab.txt: --configs plain,lookup3-gated,priced-gated,priced
+(there named lookup3, priced and priced-nogate).
 """
 import argparse
 import time
 
 from dspark.bench.dataset import heldout_prompts
-from dspark.engine.config import LOOKUP_DEFAULT, SpeculativeConfig
+from dspark.engine.config import DEFAULT_SPECULATIVE, LOOKUP_DEFAULT, SpeculativeConfig
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams
@@ -19,12 +25,13 @@ ap.add_argument("--model", default="default")
 ap.add_argument("--dtype", default="auto")
 ap.add_argument("--prompts", type=int, default=16)
 ap.add_argument("--rounds", type=int, default=2)
+ap.add_argument("--configs", default="plain,lookup3-gated,lookup3,priced-gated,priced")
 args = ap.parse_args()
 t = Target.load(args.model, dtype=args.dtype, device="cpu", max_len=2048)
 prompts = [t.tokenizer.apply_chat_template(p.chat_messages()) for p in heldout_prompts("mixed", args.prompts)]
 priced = {"method": "ngram", "enable_adaptive_verification": True}
-configs = [("plain", None), ("lookup3-gated", LOOKUP_DEFAULT), ("lookup3", LOOKUP_DEFAULT),
-           ("priced-gated", priced), ("priced", priced)]
+known = {"plain": None, "lookup3": LOOKUP_DEFAULT, "priced": priced, "default": DEFAULT_SPECULATIVE}
+configs = [(name, known[name.removesuffix("-gated")]) for name in args.configs.split(",")]
 engines = {}
 for name, spec in configs:
     e = LLMEngine(t, spec and SpeculativeConfig(**spec), EngineConfig(max_num_seqs=1, max_model_len=2048))
