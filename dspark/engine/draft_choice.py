@@ -25,8 +25,8 @@ from .sequence import Sequence
 PROBE_ROWS = 4
 #: decoding requests from which the lookup gate (and the draft gate of prompt lookup's
 #: n-gram drafter) holds requests back: below, a lookup costs about 0.1 ms and the gates'
-#: closed stretches missed copies (benchmarks/avx2-s49/default_gate_ab.txt, ngram_gate_ab.txt: gate_ab.py;
-#: at two requests the gate read level or ahead, gate_c2.txt)
+#: closed stretches missed copies (benchmarks/avx2-s49/gate_ab.py: default_gate_ab.txt,
+#: ngram_gate_ab.txt; at two requests the gate read level or ahead, gate_c2.txt)
 LOOKUP_GATE_FROM = 2
 
 
