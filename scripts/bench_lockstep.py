@@ -42,6 +42,7 @@ CONFIGS = {
     "plain-again": None,  # an A/A control: a second plain engine
     "default": DEFAULT_SPECULATIVE,
     "default-held-plain": DEFAULT_SPECULATIVE,  # its governor held in plain mode (see the docstring)
+    "default-plain-from4": dict(DEFAULT_SPECULATIVE, plain_fallback=4),  # levels of 4+ requests start plain
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),

@@ -19,3 +19,4 @@ python3 $D/flush_cost.py
 python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --repeats 2 --json $D/lockstep_c4.json
 python3 $D/step_bookkeeping.py 4 > $D/step_bookkeeping_c4.txt
 python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 3 --json $D/lockstep_c1_final.json
+python3 scripts/bench_lockstep.py --configs plain,default,default-plain-from4,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --repeats 2 --json $D/plain_from4_c4.json
