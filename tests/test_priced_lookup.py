@@ -70,8 +70,8 @@ def test_the_calibration_sets_how_much_is_verified(default_target_fp32, tmp_path
     # The same repetitive prompt: a calibration sure of lookup verifies long proposals, one
     # that gives it no chance verifies nothing, and both decode what plain decoding does.
     target = default_target_fp32
-    prompt = target.tokenizer.chat_prompt("Copy this list exactly: apple, banana, cherry, date, elderberry, fig, grape, "
-                                          "apple, banana, cherry, date, elderberry, fig, grape.")
+    prompt = target.tokenizer.chat_prompt("Copy this list exactly: apple, banana, cherry, date, elderberry, fig, "
+                                          "grape, apple, banana, cherry, date, elderberry, fig, grape.")
     plain = LLMEngine(target, None, EngineConfig(max_num_seqs=1, max_model_len=256))
     ref = plain.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0].output_ids
     verified = {}
@@ -82,6 +82,14 @@ def test_the_calibration_sets_how_much_is_verified(default_target_fp32, tmp_path
         engine.runner.drafter.trust.enabled = False
         assert engine.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0].output_ids == ref, name
         verified[name] = engine.total_stats().draft_tokens
+        # the server's metrics carry lookup's counters, as for the hybrid
+        from dspark.serve.metrics import ServingMetrics
+
+        metrics = ServingMetrics("m")
+        metrics.on_engine(engine)
+        line = next(x for x in metrics.render().splitlines()
+                    if x.startswith("dspark:spec_decode_lookup_only_requests_total"))
+        assert float(line.split()[-1]) == engine.runner.drafter.counts["lookup_only"] > 0
     assert verified["hopeless"] == 0 and verified["sure"] > 20, verified
 
 
