@@ -36,6 +36,7 @@ def test_priced_lookup_greedy_equals_plain(greedy_case, policy, tmp_path):  # no
         assert seq.output_ids == ref, policy
     drafter = engine.runner.drafter
     assert isinstance(drafter, LookupDrafter) and not engine.runner.drafts_block
+    assert engine.runner.feed is None  # no drafter context to carry: lookup reads the tokens
     assert drafter.counts["lookup_only"] > 16 and drafter.counts["lookup_tokens"] > 0, drafter.counts
     stats = engine.total_stats()
     assert stats.accepted_tokens > 0 and stats.draft_tokens > stats.accepted_tokens  # some verified, some rejected

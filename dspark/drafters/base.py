@@ -108,6 +108,9 @@ class Drafter(torch.nn.Module):
     target_layer_ids: list[int] = []
     #: the most tokens one `draft` call can propose (block size - 1 for block drafters)
     max_draft_tokens: int = 1
+    #: True: no weights, a draft costs about a lookup (prompt lookup): nothing to
+    #: profile, and the engine's gates hold requests back only under load
+    weightless: bool = False
 
     def reserve(self, num_slots: int, max_len: int) -> None:
         """Size the drafter's per-request memory (at most `num_slots` live requests of up

@@ -43,6 +43,7 @@ class HybridDrafter(LookupDrafter):
 
     method = "dspark"
     drafts_block = True
+    weightless = False
 
     def __init__(self, inner: Drafter, calibration: LookupCalibration | None = None,
                  max_ngram: int = 3, min_ngram: int = 1) -> None:

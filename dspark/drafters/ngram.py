@@ -39,6 +39,7 @@ def propose_continuation(seq: torch.Tensor, num_tokens: int, max_ngram: int, min
 
 class NgramDrafter(Drafter):
     method = "ngram"
+    weightless = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_draft_tokens: int = 7) -> None:
         super().__init__()

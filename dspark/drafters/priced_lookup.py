@@ -31,7 +31,8 @@ from .ngram import NgramDrafter
 class RequestTrust:
     """How far lookup's acceptance runs from the calibration table's prediction: on the
     current workload (all requests, the last few hundred verified lookup tokens) and,
-    relative to that, per request (its last ten or so). See the module docstring."""
+    relative to that, per request (its last ten or so). See "Trust" in the docstring of
+    dspark.drafters.hybrid."""
 
     #: pseudo-observations of "as predicted" each factor starts from (workload, request)
     prior = (10.0, 2.0)
@@ -105,6 +106,7 @@ class LookupDrafter(Drafter):
     """Prompt lookup with calibrated, earned confidences (see the module docstring)."""
 
     method = "ngram"
+    weightless = True
     #: the engine gives rows it does not draft for to `lookup_only`
     lookup_enabled = True
     #: False: no drafter block to run, every row is a lookup row

@@ -31,7 +31,6 @@ by how its drafted tokens fared, see dspark/drafters/hybrid.py).
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -85,6 +84,9 @@ DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True,
 #: and 16 requests 1.00x (lookup ungoverned: 0.82x and 0.58x in fp32)
 #: (docs/benchmarks/models.md, last section)
 LOOKUP_DEFAULT = {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2}
+
+#: the verification policies that read the drafts' confidences
+CONFIDENCE_POLICIES = ("threshold", "dspark-sync", "dspark-async")
 
 
 @dataclass
@@ -163,7 +165,7 @@ class SpeculativeConfig:
             raise UserError(f"confidence_threshold must be in (0, 1), got {self.confidence_threshold!r}")
         if self.method == "mtp" and n not in (None, 1):
             raise UserError("mtp drafts exactly one token per round: num_speculative_tokens must be 1")
-        if self.policy in ("threshold", "dspark-sync", "dspark-async") and self.method not in ("dspark", "ngram"):
+        if self.policy in CONFIDENCE_POLICIES and self.method not in ("dspark", "ngram"):
             raise UserError(
                 f"verification_policy {self.policy!r} needs confidence estimates, which the dspark method "
                 f"and calibrated prompt lookup (ngram) have; use 'fixed' with {self.method!r}"
@@ -172,7 +174,7 @@ class SpeculativeConfig:
     @property
     def priced_lookup(self) -> bool:
         """ngram under a policy that reads confidences: calibrated lookup (LookupDrafter)."""
-        return self.method == "ngram" and self.policy in ("threshold", "dspark-sync", "dspark-async")
+        return self.method == "ngram" and self.policy in CONFIDENCE_POLICIES
 
     @property
     def policy(self) -> str:

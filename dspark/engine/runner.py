@@ -86,7 +86,7 @@ class SpecRunner(DraftChoice):
         #: requests the scheduler keeps verifying nothing for skip the drafter's block
         self.gate = DraftGate()
         #: ... from this many decoding requests (a drafter without weights costs little below)
-        self.draft_gate_from = LOOKUP_GATE_FROM if getattr(drafter, "method", "") == "ngram" else 1
+        self.draft_gate_from = LOOKUP_GATE_FROM if getattr(drafter, "weightless", False) else 1
         #: hybrid drafting: rows left out of drafting get prompt lookup alone
         self.lookup_rows = bool(getattr(drafter, "lookup_enabled", False))
         #: False: the drafter has no block to run (priced lookup): every row is a lookup row
@@ -100,8 +100,9 @@ class SpecRunner(DraftChoice):
         #: recent prompts' keys and values, for prompts that begin the same way (None: off)
         self.prefix: PrefixCache | None = None
         #: accepted tokens and their hidden states not given to the drafter yet
+        #: (none without a drafter block: priced lookup reads each request's own tokens)
         self.feed = ContextFeed(drafter, self.device, self.undrafted, self._fault, self.contextless,
-                                feeding=lambda: self.speculating) if drafter else None
+                                feeding=lambda: self.speculating) if drafter and self.drafts_block else None
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -155,7 +156,8 @@ class SpecRunner(DraftChoice):
             if self.drafter is not None and seq.speculate:
                 self.undrafted.discard(seq.request_id)
                 self.contextless.discard(seq.request_id)
-                self.feed.drop(seq.request_id)
+                if self.feed is not None:
+                    self.feed.drop(seq.request_id)
                 self.gate.release(seq.request_id)
                 self.lookup_gate.release(seq.request_id)
                 try:

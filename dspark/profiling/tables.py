@@ -147,7 +147,7 @@ def measure_drafter_times(drafter, request_counts: list[int], num_tokens: int, c
     from dspark.drafters.base import DraftRequest
     from dspark.sampling import SamplingParams
 
-    if not drafter.target_layer_ids and drafter.method == "ngram":
+    if drafter.weightless:
         return [0.01 for _ in request_counts]
     cfg = drafter.target.cfg
     dev = next((p.device for p in drafter.parameters()), torch.device("cpu"))
