@@ -82,7 +82,8 @@ DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True,
 #: (Qwen2.5-Coder-0.5B, 2-core AVX2 EPYC), at one request: up to 3 tokens 1.15x in bf16w
 #: and 1.19x in fp32, up to 7 (the n-gram drafter's own default) 1.04x and 1.17x; at 4
 #: and 16 requests 1.00x (lookup ungoverned: 0.82x and 0.58x in fp32)
-#: (docs/benchmarks/models.md, last section)
+#: (docs/benchmarks/models.md, last section); since its gate opened at one request
+#: (LOOKUP_GATE_FROM), 1.32x in bf16w at one request (one run, docs/benchmarks/hybrid.md)
 LOOKUP_DEFAULT = {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2}
 
 #: the verification policies that read the drafts' confidences
