@@ -135,8 +135,8 @@ def run_one(target, spec, prompts: list[list[int]], max_tokens: int) -> dict:
     if runner.drafter is not None:
         clock.wrap(runner.drafter, "draft", "draft")
         clock.wrap(runner.drafter, "append_context", "context")
-        if hasattr(runner.drafter, "lookup_only"):
-            clock.wrap(runner.drafter, "lookup_only", "lookup")
+        if hasattr(runner.drafter, "lookup_lists"):  # lookup_only goes through it too
+            clock.wrap(runner.drafter, "lookup_lists", "lookup")
     seqs = [engine.add_request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
     while any(not s.prefilled for s in seqs):  # the prefills are not rounds
         engine.step()

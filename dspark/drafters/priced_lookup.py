@@ -182,24 +182,30 @@ class LookupDrafter(Drafter):
         each as the parts to concatenate (prompt, output). Each row: the match's tokens
         then -1 (`num_valid` says how many are real), their confidences then 0, and no
         logits (point masses, as in n-gram drafting)."""
-        r, dev = len(request_ids), self.device
-        tokens = [[-1] * num_tokens for _ in range(r)]
-        conf = [[0.0] * num_tokens for _ in range(r)]
-        valid = [0] * r
-        for i, (rid, ctx) in enumerate(zip(request_ids, contexts)):
+        found, confs = self.lookup_lists(request_ids, contexts, num_tokens)
+        dev = self.device
+        tokens = torch.tensor([t + [-1] * (num_tokens - len(t)) for t in found], dtype=torch.long)
+        conf = torch.tensor([c + [0.0] * (num_tokens - len(c)) for c in confs])
+        valid = torch.tensor([len(t) for t in found], dtype=torch.long)
+        return DraftOutput(tokens.to(dev), None, conf.to(dev), num_valid=valid.to(dev), num_lookup=valid.to(dev))
+
+    def lookup_lists(self, request_ids: list, contexts: list[tuple[list[int], ...]],
+                     num_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
+        """`lookup_only` as Python lists, for a step that only looks up (the engine then
+        chooses lengths without a tensor): per request, the match's tokens (at most
+        `num_tokens`, none where nothing matched) and a confidence for each."""
+        found, confs = [], []
+        for rid, ctx in zip(request_ids, contexts):
             m, c, table_c = self._propose(rid, num_tokens, *ctx)
             n = len(m.tokens)
-            tokens[i][:n] = m.tokens
-            conf[i][:n] = c[:n]
-            valid[i] = n
+            found.append(m.tokens)
+            confs.append(c[:n])
             self._last[rid] = (m, n, c, table_c, [])
             self.mix[n] += 1
             self.counts["lookup_tokens"] += n
-        self.counts["requests"] += r
-        self.counts["lookup_only"] += r
-        tokens, conf, valid = (torch.tensor(tokens, dtype=torch.long), torch.tensor(conf),
-                               torch.tensor(valid, dtype=torch.long))
-        return DraftOutput(tokens.to(dev), None, conf.to(dev), num_valid=valid.to(dev), num_lookup=valid.to(dev))
+        self.counts["requests"] += len(found)
+        self.counts["lookup_only"] += len(found)
+        return found, confs
 
     # --- online learning --------------------------------------------------------------------
     def record_verification(self, request_ids: list[object], lengths: list[int], accepted: list[int]) -> None:

@@ -56,6 +56,10 @@ class DraftChoice:
             # survivals the next decision rests on; all of them would cost a full draft
             self._probe_turn = (self._probe_turn + PROBE_ROWS) % len(rows)
             rows = sorted((rows + rows)[self._probe_turn: self._probe_turn + PROBE_ROWS])
+        # The drafter's cost is its catch-up on the tokens accepted while it was skipped
+        # as well as the draft: both are timed as the drafter's call, which the live
+        # curve the policy prices drafting by learns from.
+        t_drafter = time.perf_counter()
         if rows:
             self.feed.flush([decodes[i].request_id for i in rows])
             rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
@@ -67,13 +71,15 @@ class DraftChoice:
                       and (not gated or self.lookup_gate.wants_draft(decodes[i].request_id))]
         if not rows and not looked:
             return none
+        if not rows:
+            return self._lookup_lengths(decodes, looked, n, prefill_tokens)
         self._num_drafted = len(rows)
         self.last_speculated = True
         out, bad, lk = None, set(), None
         try:
             self._draft_seconds = 0.0
             if rows:
-                t = time.perf_counter()
+                t = t_drafter if self.price_catch_up else time.perf_counter()
                 out = self.drafter.draft(
                     [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
                                   decodes[i].generator) for i in rows],
@@ -122,3 +128,41 @@ class DraftChoice:
             else:
                 self.lookup_gate.record(s.request_id, lengths[i])
         return lengths, block.tokens, block.logits
+
+    def _lookup_lengths(self, decodes: list[Sequence], looked: list[int], n: int,
+                        prefill_tokens: int) -> tuple[list[int], list[list[int]] | None, None]:
+        """A step that only looks up: lookup's proposals and their verification lengths
+        (`free_lengths`) in plain Python, the proposals as lists (a step's dozen tensor
+        operations on a few values cost about as much as the lookup itself)."""
+        none = [0] * len(decodes), None, None
+        self.last_speculated = True
+        self._draft_seconds = 0.0
+        try:
+            found, confs = self.drafter.lookup_lists([decodes[i].request_id for i in looked],
+                                                     [(decodes[i].prompt_ids, decodes[i].output_ids)
+                                                      for i in looked], n)
+        except Exception:
+            self._fault("draft")
+            return none
+        self._confidence = [None] * len(decodes)
+        survival = []
+        for c in confs:
+            s, row = 1.0, []
+            for x in c:
+                s *= min(max(x, 0.0), 1.0) if x == x else 0.0  # NaN: no confidence
+                row.append(s)
+            survival.append(row + [0.0] * (n - len(row)))
+        table = getattr(self.policy, "table", None)
+        others = len(decodes) - len(looked)
+        chosen = free_lengths(survival, table, others, prefill_tokens) if table is not None else \
+            self.policy.choose(survival)
+        lengths = [0] * len(decodes)
+        tokens: list[list[int]] = [[] for _ in decodes]
+        for j, i in enumerate(looked):
+            s = decodes[i]
+            cap = min(len(found[j]), s.params.max_tokens - len(s.output_ids) - 1,
+                      self.cache.max_len - s.num_cached - 1)
+            lengths[i] = max(min(int(chosen[j]), cap), 0)
+            tokens[i] = found[j]
+            self.lookup_gate.record(s.request_id, lengths[i])
+        return lengths, tokens, None

@@ -70,6 +70,9 @@ class SpecRunner(DraftChoice):
         #: the policy, merging drafts
         self.last_select_seconds = 0.0
         self._draft_seconds = 0.0
+        #: the drafter's timed call includes its catch-up (`ContextFeed.flush`); False
+        #: leaves the catch-up in the step's speculation overhead (for comparisons)
+        self.price_catch_up = True
         self._num_drafted = 0
         self._probe_turn = 0
         #: False: this step decodes plain, drafting and lookup untouched (the governor's call)
@@ -204,7 +207,7 @@ class SpecRunner(DraftChoice):
         return self._commit(decodes, prefills, tokens, lengths, batch, result, hidden)
 
     def _prepare(self, prefills: list[tuple[Sequence, int, int]], decodes: list[Sequence], lengths: list[int],
-                 draft_tokens: torch.Tensor | None) -> tuple[FlatBatch, list[list[int]]] | None:
+                 draft_tokens: torch.Tensor | list[list[int]] | None) -> tuple[FlatBatch, list[list[int]]] | None:
         """The flat batch of one forward: each decode's anchor and the drafts it
         verifies (all of their logits), each prompt chunk (the last logits of a
         prompt's last chunk)."""
@@ -213,7 +216,7 @@ class SpecRunner(DraftChoice):
         slots: list[int] = []
         logit_rows: list[int] = []
         row = 0
-        drafted = draft_tokens.tolist() if draft_tokens is not None else None
+        drafted = draft_tokens.tolist() if isinstance(draft_tokens, torch.Tensor) else draft_tokens
         for i, (s, L) in enumerate(zip(decodes, lengths)):
             tokens.append([s.anchor] + (drafted[i][:L] if L else []))
             starts.append(s.num_cached)
@@ -237,12 +240,15 @@ class SpecRunner(DraftChoice):
         return batch, tokens
 
     def _verify(self, logits: torch.Tensor, seqs: list[Sequence], lengths: list[int],
-                draft_tokens: torch.Tensor | None, draft_logits: torch.Tensor | None):
+                draft_tokens: torch.Tensor | list[list[int]] | None, draft_logits: torch.Tensor | None):
         """Lossless rejection sampling of every sequence's verified drafts."""
         cu = [0]
         for L in lengths:
             cu.append(cu[-1] + L)
-        if cu[-1]:
+        if cu[-1] and isinstance(draft_tokens, list):  # lookup's proposals alone (`_lookup_lengths`)
+            d_tok = torch.tensor([t for row, L in zip(draft_tokens, lengths) for t in row[:L]], dtype=torch.long)
+            d_log = None
+        elif cu[-1]:
             rows = [i for i, L in enumerate(lengths) for _ in range(L)]
             ks = [k for L in lengths for k in range(L)]
             d_tok = draft_tokens[rows, ks]
