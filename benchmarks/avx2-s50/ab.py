@@ -3,11 +3,10 @@ stepped in turn on the same held-out prompts (96 greedy tokens, ignore_eos), so 
 machine's drift falls on all alike; per engine its time x plain decoding, acceptance
 length, drafting steps, and its time outside the target's forward per step.
 
-    python3 benchmarks/avx2-s50/ab.py [--configs plain,default,default-unpriced,plain-again]
+    python3 benchmarks/avx2-s50/ab.py [--configs plain,default,default@b01f0fe,plain-again]
         [--model default] [--prompts 16] [--rounds 2] [--concurrency 1]
 
 Configurations: plain, plain-again (an A/A control), default (as shipped),
-default-unpriced (the drafter's catch-up left out of its timed call, as before),
 lookup3, and default@REV: the default with `DraftChoice._verify_lengths` (drafting,
 lookup and the length choice) as of git revision REV.
 """
@@ -31,12 +30,12 @@ ap.add_argument("--dtype", default="auto")
 ap.add_argument("--prompts", type=int, default=16)
 ap.add_argument("--rounds", type=int, default=2)
 ap.add_argument("--concurrency", type=int, default=1)
-ap.add_argument("--configs", default="plain,default,default-unpriced,plain-again")
+ap.add_argument("--configs", default="plain,default,default@b01f0fe,plain-again")
 args = ap.parse_args()
 t = Target.load(args.model, dtype=args.dtype, device="cpu", max_len=2048)
 prompts = [t.tokenizer.apply_chat_template(p.chat_messages()) for p in heldout_prompts("mixed", args.prompts)]
 KNOWN = {"plain": (None, {}), "plain-again": (None, {}), "default": (DEFAULT_SPECULATIVE, {}),
-         "default-unpriced": (DEFAULT_SPECULATIVE, {"price_catch_up": False}), "lookup3": (LOOKUP_DEFAULT, {})}
+         "lookup3": (LOOKUP_DEFAULT, {})}
 
 
 def verify_lengths_at(rev: str):

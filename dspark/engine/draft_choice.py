@@ -56,10 +56,10 @@ class DraftChoice:
             # survivals the next decision rests on; all of them would cost a full draft
             self._probe_turn = (self._probe_turn + PROBE_ROWS) % len(rows)
             rows = sorted((rows + rows)[self._probe_turn: self._probe_turn + PROBE_ROWS])
-        # The drafter's cost is its catch-up on the tokens accepted while it was skipped
-        # as well as the draft: both are timed as the drafter's call, which the live
-        # curve the policy prices drafting by learns from.
-        t_drafter = time.perf_counter()
+        # The drafter's catch-up on the tokens accepted while it was skipped is not timed
+        # as its call: it grows with the skipped stretch, and charged to the live curve it
+        # kept the drafter off longer (benchmarks/avx2-s50); it falls on speculation's
+        # per-step overhead instead, like the tokens it covers.
         if rows:
             self.feed.flush([decodes[i].request_id for i in rows])
             rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
@@ -79,7 +79,7 @@ class DraftChoice:
         try:
             self._draft_seconds = 0.0
             if rows:
-                t = t_drafter if self.price_catch_up else time.perf_counter()
+                t = time.perf_counter()
                 out = self.drafter.draft(
                     [DraftRequest(decodes[i].request_id, decodes[i].anchor, decodes[i].num_cached, decodes[i].params,
                                   decodes[i].generator) for i in rows],

@@ -70,9 +70,6 @@ class SpecRunner(DraftChoice):
         #: the policy, merging drafts
         self.last_select_seconds = 0.0
         self._draft_seconds = 0.0
-        #: the drafter's timed call includes its catch-up (`ContextFeed.flush`); False
-        #: leaves the catch-up in the step's speculation overhead (for comparisons)
-        self.price_catch_up = True
         self._num_drafted = 0
         self._probe_turn = 0
         #: False: this step decodes plain, drafting and lookup untouched (the governor's call)
