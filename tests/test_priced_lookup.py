@@ -75,11 +75,17 @@ def test_the_calibration_sets_how_much_is_verified(default_target_fp32, tmp_path
                                           "grape, apple, banana, cherry, date, elderberry, fig, grape.")
     plain = LLMEngine(target, None, EngineConfig(max_num_seqs=1, max_model_len=256))
     ref = plain.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0].output_ids
+    from dspark.schedule.step_time import StepTimeTable
+
     verified = {}
     for name, conf in (("sure", [0.99] * 7), ("hopeless", [0.01] * 7)):
+        # every verified token costs 5 % of a step, on a curve the engine's own timings do
+        # not move (on a flat one, a lookup token at 1 % would pay whenever speculation's
+        # measured overhead came out small)
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=7, enable_adaptive_verification=True,
-                                 lookup_calibration=_table(tmp_path, conf, f"{name}.json"))
-        engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=256), step_table=_synthetic())
+                                 lookup_calibration=_table(tmp_path, conf, f"{name}.json"), live_step_time=False)
+        table = StepTimeTable.synthetic(base_ms=30, knee=1, per_token_ms=1.5, max_tokens=512)
+        engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=256), step_table=table)
         engine.runner.drafter.trust.enabled = False
         assert engine.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0].output_ids == ref, name
         verified[name] = engine.total_stats().draft_tokens
