@@ -93,6 +93,7 @@ for k, e in engines.items():
     st = e.total_stats()
     x = extra[k]
     outside = (secs[k] - x["target"]) / x["steps"] * 1e3
-    print(f"{k:18s} x plain {secs['plain'] / secs[k]:.3f}  tau {st.acceptance_length:.3f}  steps {x['steps']:5d}  "
+    print(f"{k:18s} x plain {secs['plain'] / secs[k]:.3f}  {secs[k]:.2f} s  target {x['target'] / x['steps'] * 1e3:.2f} "
+          f"ms/step  tau {st.acceptance_length:.3f}  steps {x['steps']:5d}  "
           f"drafting {x['drafting']:4d}  outside-target {outside:.2f} ms/step, "
           f"{x['other_outside'] / max(x['other_steps'], 1) * 1e3:.2f} on steps without a draft")
