@@ -249,7 +249,10 @@ class SpecRunner(DraftChoice):
             rows = [i for i, L in enumerate(lengths) for _ in range(L)]
             ks = [k for L in lengths for k in range(L)]
             d_tok = draft_tokens[rows, ks]
-            d_log = draft_logits[rows, ks] if draft_logits is not None else None
+            # greedy verification reads the drafted tokens alone: their rows of draft logits
+            # (a vocabulary each) are gathered only when a request samples
+            sampled = draft_logits is not None and not all(s.params.greedy for s in seqs)
+            d_log = draft_logits[rows, ks] if sampled else None
         else:
             d_tok = torch.zeros(0, dtype=torch.long)
             d_log = None

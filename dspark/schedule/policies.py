@@ -30,7 +30,8 @@ from collections import deque
 import numpy as np
 
 from .step_time import ScheduleError, StepTimeTable
-from .survival import SMALL_TABLE, SurvivalLike, admission_order, as_survival, lengths_from, shape_of
+from .survival import SMALL_TABLE, SurvivalLike, admission_order, admission_order_rows, as_survival, lengths_from, \
+    shape_of, small_survival_rows
 
 POLICY_NAMES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
 
@@ -330,6 +331,9 @@ class DSparkAsync(VerifyLengthPolicy):
         return False
 
     def choose(self, survival: SurvivalLike, others: int = 0, other_tokens: int = 0) -> list[int]:
+        small = small_survival_rows(survival)
+        if small is not None:
+            return self._choose_small(small, others, other_tokens)
         s = as_survival(survival)  # [R, G]
         num_requests, num_drafted = s.shape
         if num_requests == 0 or num_drafted == 0:
@@ -340,6 +344,26 @@ class DSparkAsync(VerifyLengthPolicy):
         self._history.append((cum_gain, num_requests))
         self.last_budget = budget
         return lengths_from(rows, budget, num_requests)
+
+    def _choose_small(self, s: list[list[float]], others: int, other_tokens: int) -> list[int]:
+        """`choose` of a small table in plain Python (a drafting step's pricing right after
+        a forward, where numpy's per-call cost was most of it): the same order, sums and
+        budget, so the same lengths and history."""
+        num_requests = len(s)
+        if num_requests == 0 or not s[0]:
+            return [0] * num_requests
+        budget = self.budget(num_requests, len(s[0]), others, other_tokens)
+        rows, gains = admission_order_rows(s)
+        total, cum = 0.0, [0.0]
+        for g in gains:  # np.cumsum's running sum, then the division
+            total += g
+            cum.append(total)
+        self._history.append((np.array([c / num_requests for c in cum]), num_requests))
+        self.last_budget = budget
+        lengths = [0] * num_requests
+        for i in rows[:budget]:
+            lengths[i] += 1
+        return lengths
 
 
 def make_policy(
