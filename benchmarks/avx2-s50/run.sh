@@ -12,3 +12,5 @@ python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurre
 python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --repeats 2 --json $D/lockstep_c4.json > $D/lockstep_c4.txt
 python3 $D/gemm_rows.py > $D/gemm_rows.txt
 python3 scripts/bench_draft_ab.py --before HEAD --trials 10 > $D/draft_warm.txt
+# after DSparkAsync.choose in plain Python and greedy verification without the draft logits (8abcc7e)
+python3 $D/step_split.py > $D/step_split_after_choose.txt
