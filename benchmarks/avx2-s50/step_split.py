@@ -1,8 +1,9 @@
-"""perf_counter timing of a step's pieces, plain decoding against the default at one
-request (engines stepped in turn), the default's steps split into those that drafted
-and those that did not (lookup alone, or nothing).
+"""perf_counter timing of a step's pieces, plain decoding against the default at C
+requests (default 1; engines stepped in turn), the default's steps split into those
+that drafted, those that did not (lookup alone, or nothing) and, where the governor
+holds the level plain, its plain-mode steps.
 
-    python3 benchmarks/avx2-s50/step_split.py [prompts=12]
+    python3 benchmarks/avx2-s50/step_split.py [prompts=12] [C=1]
 """
 import collections
 import functools
@@ -18,6 +19,7 @@ import dspark.engine.runner as R
 import dspark.engine.draft_choice as DC
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+C = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 step_acc = collections.defaultdict(float)
 step_n = collections.Counter()
 
@@ -37,8 +39,8 @@ def wrap(obj, name, label):
 
 
 target = Target.load("default", dtype="auto", device="cpu", max_len=2048)
-prompts = [target.tokenizer.apply_chat_template(p.chat_messages()) for p in heldout_prompts("mixed", N + 1)]
-engines = {k: LLMEngine(target, v and SpeculativeConfig(**v), EngineConfig(max_num_seqs=1, max_model_len=2048))
+prompts = [target.tokenizer.apply_chat_template(p.chat_messages()) for p in heldout_prompts("mixed", N * C + 1)]
+engines = {k: LLMEngine(target, v and SpeculativeConfig(**v), EngineConfig(max_num_seqs=C, max_model_len=2048))
            for k, v in {"plain": None, "default": DEFAULT_SPECULATIVE}.items()}
 for name in ["_verify_lengths", "_prepare", "_verify", "_observe", "_commit", "_lookup_lengths"]:
     wrap(R.SpecRunner, name, name)
@@ -58,9 +60,10 @@ acc = collections.defaultdict(lambda: collections.defaultdict(float))
 calls = collections.defaultdict(collections.Counter)
 steps = collections.Counter()
 params = SamplingParams(max_tokens=96, ignore_eos=True)
-for p in prompts[1:]:
+for j in range(1, len(prompts), C):
     for eng in engines.values():
-        eng.add_request(p, params)
+        for p in prompts[j:j + C]:
+            eng.add_request(p, params)
     while any(eng.has_unfinished() for eng in engines.values()):
         for k, eng in engines.items():
             if not eng.has_unfinished():
@@ -73,7 +76,8 @@ for p in prompts[1:]:
             total = time.perf_counter() - t
             if prefill:
                 continue
-            cat = k if k == "plain" else ("default, drafting" if eng.runner._num_drafted else "default, no draft")
+            cat = k if k == "plain" else ("default, plain mode" if not eng.runner.speculating else
+                                          "default, drafting" if eng.runner._num_drafted else "default, no draft")
             steps[cat] += 1
             acc[cat]["engine.step"] += total
             acc[cat]["target forward"] += eng.runner.last_target_seconds

@@ -119,10 +119,7 @@ class DraftChoice:
         lengths = [0] * len(decodes)
         for j, i in enumerate(order):
             s = decodes[i]
-            cap = min(g, block.valid[i], s.params.max_tokens - len(s.output_ids) - 1,
-                      self.cache.max_len - s.num_cached - 1)
-            # Caps depend only on lengths known before drafting, so clamping stays lossless.
-            lengths[i] = 0 if j in bad else max(min(int(chosen[j]), cap), 0)
+            lengths[i] = 0 if j in bad else self._capped(s, int(chosen[j]), min(g, block.valid[i]))
             if j < len(rows):
                 self.gate.record(s.request_id, lengths[i])
             else:
@@ -160,9 +157,14 @@ class DraftChoice:
         tokens: list[list[int]] = [[] for _ in decodes]
         for j, i in enumerate(looked):
             s = decodes[i]
-            cap = min(len(found[j]), s.params.max_tokens - len(s.output_ids) - 1,
-                      self.cache.max_len - s.num_cached - 1)
-            lengths[i] = max(min(int(chosen[j]), cap), 0)
+            lengths[i] = self._capped(s, int(chosen[j]), len(found[j]))
             tokens[i] = found[j]
             self.lookup_gate.record(s.request_id, lengths[i])
         return lengths, tokens, None
+
+    def _capped(self, s: Sequence, chosen: int, proposed: int) -> int:
+        """A chosen length within what was proposed, the request's token budget and the
+        cache. The caps depend only on lengths known before drafting, so clamping stays
+        lossless."""
+        return max(min(chosen, proposed, s.params.max_tokens - len(s.output_ids) - 1,
+                       self.cache.max_len - s.num_cached - 1), 0)
