@@ -15,3 +15,4 @@ python3 scripts/bench_draft_ab.py --before HEAD --trials 10 > $D/draft_warm.txt
 # after DSparkAsync.choose in plain Python and greedy verification without the draft logits (8abcc7e)
 python3 $D/step_split.py > $D/step_split_after_choose.txt
 python3 $D/step_split.py 12 4 > $D/step_split_c4.txt
+sh $D/served_c1.sh > $D/served_c1.log
