@@ -16,3 +16,5 @@ python3 scripts/bench_draft_ab.py --before HEAD --trials 10 > $D/draft_warm.txt
 python3 $D/step_split.py > $D/step_split_after_choose.txt
 python3 $D/step_split.py 12 4 > $D/step_split_c4.txt
 sh $D/served_c1.sh > $D/served_c1.log
+python3 scripts/bench_lockstep.py --configs plain,default,lookup,dspark,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 2 --json $D/hybrid_c1.json > $D/hybrid_c1.txt
+python3 scripts/bench_lockstep.py --configs plain,default,lookup3,lookup-priced,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --repeats 2 --json $D/hybrid_c1_lookup3.json > $D/hybrid_c1_lookup3.txt
