@@ -70,13 +70,13 @@ def test_priced_lookup_keeps_the_sampling_distribution(tiny_target, tmp_path):  
 def test_the_calibration_sets_how_much_is_verified(default_target_fp32, tmp_path):
     # The same repetitive prompt: a calibration sure of lookup verifies long proposals, one
     # that gives it no chance verifies nothing, and both decode what plain decoding does.
+    from dspark.schedule.step_time import StepTimeTable
+
     target = default_target_fp32
     prompt = target.tokenizer.chat_prompt("Copy this list exactly: apple, banana, cherry, date, elderberry, fig, "
                                           "grape, apple, banana, cherry, date, elderberry, fig, grape.")
     plain = LLMEngine(target, None, EngineConfig(max_num_seqs=1, max_model_len=256))
     ref = plain.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0].output_ids
-    from dspark.schedule.step_time import StepTimeTable
-
     verified = {}
     for name, conf in (("sure", [0.99] * 7), ("hopeless", [0.01] * 7)):
         # every verified token costs 5 % of a step, on a curve the engine's own timings do

@@ -107,15 +107,7 @@ class DraftChoice:
                 self._confidence[i] = row
         else:
             survival = torch.ones(len(order), g)
-        table = getattr(self.policy, "table", None)
-        # priced on the whole forward: the decodes verifying nothing and the prompt chunks too
-        others = len(decodes) - len(order)
-        if table is None:
-            chosen = self.policy.choose(survival)
-        elif rows:
-            chosen = self.policy.choose(survival, others, prefill_tokens)
-        else:
-            chosen = free_lengths(survival, table, others, prefill_tokens)
+        chosen = self._choose(survival, bool(rows), len(decodes) - len(order), prefill_tokens)
         lengths = [0] * len(decodes)
         for j, i in enumerate(order):
             s = decodes[i]
@@ -141,7 +133,6 @@ class DraftChoice:
         except Exception:
             self._fault("draft")
             return none
-        self._confidence = [None] * len(decodes)
         survival = []
         for c in confs:
             s, row = 1.0, []
@@ -149,10 +140,7 @@ class DraftChoice:
                 s *= min(max(x, 0.0), 1.0) if x == x else 0.0  # NaN: no confidence
                 row.append(s)
             survival.append(row + [0.0] * (n - len(row)))
-        table = getattr(self.policy, "table", None)
-        others = len(decodes) - len(looked)
-        chosen = free_lengths(survival, table, others, prefill_tokens) if table is not None else \
-            self.policy.choose(survival)
+        chosen = self._choose(survival, False, len(decodes) - len(looked), prefill_tokens)
         lengths = [0] * len(decodes)
         tokens: list[list[int]] = [[] for _ in decodes]
         for j, i in enumerate(looked):
@@ -161,6 +149,17 @@ class DraftChoice:
             tokens[i] = found[j]
             self.lookup_gate.record(s.request_id, lengths[i])
         return lengths, tokens, None
+
+    def _choose(self, survival, drafted: bool, others: int, prefill_tokens: int) -> list[int]:
+        """The policy's lengths for the proposals' survivals. A table-priced policy prices
+        the whole forward (`others`: the decodes verifying nothing; the prompt chunks), and
+        a step without a drafter's rows on the target's time alone (`free_lengths`)."""
+        table = getattr(self.policy, "table", None)
+        if table is None:
+            return self.policy.choose(survival)
+        if drafted:
+            return self.policy.choose(survival, others, prefill_tokens)
+        return free_lengths(survival, table, others, prefill_tokens)
 
     def _capped(self, s: Sequence, chosen: int, proposed: int) -> int:
         """A chosen length within what was proposed, the request's token budget and the

@@ -8,7 +8,7 @@ import numpy as np
 
 from .step_time import StepTimeTable
 from .survival import SurvivalLike, admission_order, admission_order_rows, as_survival, lengths_from, \
-    small_survival_rows
+    lengths_from_rows, small_survival_rows
 
 
 def free_lengths(survival: SurvivalLike, table: StepTimeTable, others: int = 0, other_tokens: int = 0) -> list[int]:
@@ -56,7 +56,4 @@ def _free_lengths_small(s: list[list[float]], table: StepTimeTable, others: int,
                                                      others=others, other_tokens=other_tokens)
         if best_rate is None or rate > best_rate:
             best, best_rate = j, rate
-    lengths = [0] * num_requests
-    for i in rows[:best]:
-        lengths[i] += 1
-    return lengths
+    return lengths_from_rows(rows, best, num_requests)

@@ -31,7 +31,7 @@ import numpy as np
 
 from .step_time import ScheduleError, StepTimeTable
 from .survival import SMALL_TABLE, SurvivalLike, admission_order, admission_order_rows, as_survival, lengths_from, \
-    shape_of, small_survival_rows
+    lengths_from_rows, shape_of, small_survival_rows
 
 POLICY_NAMES = ("none", "fixed", "threshold", "dspark-sync", "dspark-async")
 
@@ -360,10 +360,7 @@ class DSparkAsync(VerifyLengthPolicy):
             cum.append(total)
         self._history.append((np.array([c / num_requests for c in cum]), num_requests))
         self.last_budget = budget
-        lengths = [0] * num_requests
-        for i in rows[:budget]:
-            lengths[i] += 1
-        return lengths
+        return lengths_from_rows(rows, budget, num_requests)
 
 
 def make_policy(

@@ -85,3 +85,11 @@ def admission_order_rows(rows: list[list[float]]) -> tuple[list[int], list[float
 
 def lengths_from(rows_in_order: np.ndarray, num_admitted: int, num_requests: int) -> list[int]:
     return np.bincount(rows_in_order[:num_admitted], minlength=num_requests).tolist()
+
+
+def lengths_from_rows(rows_in_order: list[int], num_admitted: int, num_requests: int) -> list[int]:
+    """`lengths_from` of `admission_order_rows`' plain-Python order."""
+    lengths = [0] * num_requests
+    for i in rows_in_order[:num_admitted]:
+        lengths[i] += 1
+    return lengths
