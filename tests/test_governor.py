@@ -40,7 +40,7 @@ def test_speculation_that_loses_is_turned_off_and_rarely_retried():
     modes = _run(gov, 4000, spec_eff=0.9)
     assert gov.score[SPEC] == pytest.approx(0.9) and gov.score[PLAIN] == pytest.approx(1.0)
     late = modes[1000:]
-    assert late.count(SPEC) / len(late) < 0.12  # trials of (3 x 8 + 2) steps every 256
+    assert late.count(SPEC) / len(late) < 0.08  # trials' speculative halves: 2 + 2 x 8 steps every 256
     assert gov.gap == 256
 
 
@@ -48,7 +48,7 @@ def test_speculation_that_wins_keeps_running():
     gov = LoadLevel(8, 16, 256, 2)
     modes = _run(gov, 4000, spec_eff=1.3)
     late = modes[1000:]
-    assert late.count(PLAIN) / len(late) < 0.06
+    assert late.count(PLAIN) / len(late) < 0.08  # trials' plain halves: 2 + 2 x 8 steps every 256
     assert gov.speculating
 
 
@@ -113,7 +113,7 @@ def test_levels_from_trials_from_are_governed_starting_with_speculation():
         for r, eff in ((2, 1.2), (4, 0.85)):
             modes[r].append(gov.level(r).mode)
             _step(gov, r, eff)
-    assert modes[2][:9] == [SPEC] * 9 and modes[4][:9] == [SPEC] * 9  # both start speculating
+    assert modes[2][:8] == [SPEC] * 8 and modes[4][:8] == [SPEC] * 8  # both start speculating
     assert modes[2][300:].count(SPEC) / 300 > 0.8  # where it pays, it stays
     assert modes[4][300:].count(PLAIN) / 300 > 0.8  # where it loses, plain decoding takes over
     assert gov.level(2).steps[PLAIN] > 0  # the plain trials that decided it
@@ -142,23 +142,47 @@ def test_where_the_step_time_curve_says_verification_is_dear_a_level_starts_plai
 
 
 def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
-    """A speculation trial is three times as long as a plain one (speculation's output
-    comes in bursts), but one that after `trial` scored steps runs below EARLY_EXIT of
-    plain decoding's score ends there; one merely a little behind runs its length. At
-    a level that started plain (verification dear there) a trial keeps its length only
-    while it is level with plain decoding."""
+    """Halfway through a trial (each mode has run as many blocks), one in which
+    speculation runs below EARLY_EXIT of plain decoding's efficiency ends there; one
+    merely a little behind runs its length. At a level that started plain
+    (verification dear there) a trial keeps its second half only while speculation is
+    level with plain decoding."""
     assert LoadLevel.EARLY_EXIT < 0.95 < LoadLevel.EARLY_EXIT_PLAIN_START <= 1.0
-    cases = ((SPEC, 0.6, 8), (SPEC, 0.95, 24), (PLAIN, 0.6, 8), (PLAIN, 0.95, 8), (PLAIN, 1.0, 24))
+    full = LoadLevel.TRIAL_BLOCKS * 2  # blocks of 8 // 4 steps
+    cases = ((SPEC, 0.6, full // 2), (SPEC, 0.95, full), (PLAIN, 0.6, full // 2), (PLAIN, 0.95, full // 2),
+             (PLAIN, 1.01, full))
     for start, eff, length in cases:
         gov = LoadLevel(8, 16, 256, 2, start=start)
-        # the first gap (speculation first: its gap, plain's trial, plain's gap; plain
-        # first: its longer first gap, PLAIN_START_GAPS x 16)
-        modes = _run(gov, 16 + 2 + 8 + 2 + 16 + 2 if start == SPEC else 64 + 2, spec_eff=eff)
-        assert modes[-1] == PLAIN and gov.mode == SPEC
-        modes = _run(gov, 200, spec_eff=eff)
-        trial = modes[: modes.index(PLAIN)]
-        assert len(trial) == 2 + length, (start, eff)  # warm-up, then the scored steps
-        assert gov.score[SPEC] == pytest.approx(eff)
+        _run(gov, gov.gap, spec_eff=eff)  # the first gap
+        assert gov.trialing and gov.mode != start  # the trial starts with the other mode
+        steps = 0
+        while gov.trialing:
+            _run(gov, 1, spec_eff=eff)
+            steps += 1
+        assert steps == 2 + length, (start, eff)  # warm-up, then the scored blocks
+        assert gov.score[SPEC] == pytest.approx(eff) and gov.score[PLAIN] == pytest.approx(1.0)
+
+
+def test_a_trial_alternates_the_modes_so_that_drift_falls_on_both():
+    """The machine's speed drifts by tens of percent over minutes, more than the few
+    percent a trial must resolve: a trial alternates the two modes in short blocks
+    (A B B A), so that speculation 5 % behind plain decoding is not chosen however the
+    drift falls, and 10 % ahead is, where runs of each mode taken one after the other
+    would compare different speeds of the machine."""
+    import math
+
+    for spec_gain, want in ((0.95, PLAIN), (1.10, SPEC)):
+        for phase in range(8):  # where the drift's slow wave meets the trials
+            gov = LoadLevel(32, 128, 1024, 4, start=PLAIN)
+            modes = []
+            for i in range(6000):
+                speed = 1.0 + 0.3 * math.sin(2 * math.pi * (i / 700 + phase / 8))
+                modes.append(gov.mode)
+                eff = speed * (spec_gain if gov.speculating else 1.0)
+                per_request = 1.5 if gov.speculating else 1.0
+                gov.record(8, round(8 * per_request), 0.05 * per_request / eff, 0.05)
+            late = modes[2000:]
+            assert late.count(want) / len(late) > 0.85, (spec_gain, phase)
 
 
 def test_a_level_that_starts_plain_waits_longer_for_its_first_trial():
@@ -168,14 +192,15 @@ def test_a_level_that_starts_plain_waits_longer_for_its_first_trial():
     the gap from there, and a winning one hands speculation the level as usual."""
     k = LoadLevel.PLAIN_START_GAPS
     assert k > 1
+    half = LoadLevel.TRIAL_BLOCKS  # a trial's first half: TRIAL_BLOCKS / 2 blocks of 2 steps
     gov = LoadLevel(8, 16, 1024, 2, start=PLAIN)
-    modes = _run(gov, 16 * k + 2 + 30, spec_eff=0.7)  # the gap, then one trial (at most 2 + 24 steps)
-    assert modes[: 16 * k + 2] == [PLAIN] * (16 * k + 2) and modes[16 * k + 2] == SPEC
+    modes = _run(gov, 16 * k + 2 + half, spec_eff=0.7)  # the gap, then a trial that ends halfway
+    assert modes[: 16 * k] == [PLAIN] * (16 * k) and modes[16 * k] == SPEC and not gov.trialing
     assert gov.gap == 2 * 16 * k  # plain won again: the gap doubled from the longer one
     assert LoadLevel(8, 16, 32, 2, start=PLAIN).gap == 32  # never past max_gap
     assert LoadLevel(8, 16, 1024, 2).gap == 16  # a level that starts speculating: the shortest
     win = LoadLevel(8, 16, 1024, 2, start=PLAIN)
-    modes = _run(win, 16 * k + 2 + 26 + 400, spec_eff=1.4)
+    modes = _run(win, 16 * k + 2 + 2 * half + 400, spec_eff=1.4)
     assert modes[-300:].count(SPEC) / 300 > 0.8
 
 
@@ -191,9 +216,8 @@ def test_speculation_must_beat_plain_decoding_by_a_margin():
 
 def test_speculation_that_emits_no_more_tokens_than_plain_decoding_is_never_chosen():
     """A step that verifies drafted tokens never costs less than a plain one, so a
-    speculation run's tokens per request and step bound its gain; scored ahead of plain
-    decoding (as the machine's drift can make it, the scores being taken minutes apart)
-    but emitting no more tokens, speculation is not chosen."""
+    speculation trial's tokens per request and step bound its gain; scored ahead of
+    plain decoding but emitting no more tokens, speculation is not chosen."""
     for spec_yield, want in ((1.0, PLAIN), (1.01, PLAIN), (1.5, SPEC)):  # SPEC_MARGIN 1.02
         gov = LoadLevel(8, 16, 256, 2)
         late = _run(gov, 4000, spec_eff=1.3, requests=100, spec_yield=spec_yield)[1000:]
@@ -201,17 +225,19 @@ def test_speculation_that_emits_no_more_tokens_than_plain_decoding_is_never_chos
         assert gov.spec_yield == pytest.approx(spec_yield)
 
 
-def test_a_score_weighs_a_modes_earlier_runs_by_history():
-    """A mode's score is its runs' decayed output over their decayed time, so one lucky
-    stretch moves it only part of the way."""
+def test_a_score_weighs_a_modes_earlier_trials_by_history():
+    """A mode's score is its trials' decayed output over their decayed time, so one
+    lucky trial moves it only part of the way."""
     gov = LoadLevel(4, 8, 8, 0, start=PLAIN)
-    modes = _run(gov, 8 + 12, spec_eff=1.0)  # the plain gap, a speculation trial (3 x 4 steps)
-    assert modes == [PLAIN] * 8 + [SPEC] * 12 and gov.score[SPEC] == pytest.approx(1.0)
-    modes = _run(gov, 8 + 12, spec_eff=1.6)  # plain won: its gap; then a lucky speculation trial
-    assert modes == [PLAIN] * 8 + [SPEC] * 12
+    trial = [SPEC, PLAIN, PLAIN, SPEC] * (LoadLevel.TRIAL_BLOCKS // 4)  # blocks of one step, A B B A
+    modes = _run(gov, 8 + len(trial), spec_eff=1.0)  # the plain gap, a trial
+    assert modes == [PLAIN] * 8 + trial and gov.score[SPEC] == pytest.approx(1.0)
+    modes = _run(gov, 8 + len(trial), spec_eff=1.6)  # plain won: its gap; then a lucky trial
+    assert modes == [PLAIN] * 8 + trial
     h = LoadLevel.HISTORY
     assert 0 < h < 1
-    assert gov.score[SPEC] == pytest.approx((h * 12 + 12) / (h * 12 / 1.0 + 12 / 1.6))
+    n = len(trial) // 2  # each mode's steps in a trial
+    assert gov.score[SPEC] == pytest.approx((h * n + n) / (h * n / 1.0 + n / 1.6))
     assert gov.score[SPEC] < 1.6
 
 

@@ -165,12 +165,12 @@ class SpecGovernor:
 class LoadLevel:
     """The alternation of one load level (see the module docstring)."""
 
-    #: a speculation trial below this share of plain decoding's score after `trial`
-    #: scored steps ends early
+    #: a speculation trial below this share of plain decoding's efficiency over the
+    #: trial's first half ends there
     EARLY_EXIT = 0.85
     #: the same at a level that starts with plain decoding (verification is dear there,
-    #: so speculation is expected to lose): its trial keeps its triple length only while
-    #: it is level with plain decoding
+    #: so speculation is expected to lose): its trial keeps its second half only while
+    #: speculation is level with plain decoding
     EARLY_EXIT_PLAIN_START = 1.0
     #: speculation is chosen only when it scores at least this many times plain
     #: decoding: when the two are level, plain decoding (the output's own pace, none of
@@ -182,33 +182,39 @@ class LoadLevel:
     #: requests, bursts of 200-400 steps lost 1-3 % to it), and once settled a level
     #: tries speculation every `max_gap` steps either way
     PLAIN_START_GAPS = 4
-    #: a mode's score is its runs' output over their time, each earlier run of that mode
-    #: weighed by this much less than the next: one lucky trial of bursty speculation
-    #: (lookup hits come in runs) does not outvote the runs before it
+    #: a mode's score is its trials' output over their time, each earlier trial weighed
+    #: by this much less than the next: one lucky trial of bursty speculation (lookup
+    #: hits come in runs) does not outvote the trials before it
     HISTORY = 0.5
-    #: besides its score, speculation is chosen only when its runs emitted at least
+    #: a trial's blocks, the two modes alternating in the order A B B A (a trend in the
+    #: machine's speed or the requests' lengths falls on both alike); each block is a
+    #: quarter of `trial` steps, so that each mode runs 2 x `trial` steps per trial
+    TRIAL_BLOCKS = 16
+    #: besides its score, speculation is chosen only when its trials emitted at least
     #: SPEC_MARGIN tokens per request and step: a step that verifies more tokens never
-    #: costs less than a plain one, so its yield bounds its gain, and this bound, unlike
-    #: the scores (taken minutes apart on a machine whose speed drifts), does not drift
+    #: costs less than a plain one, so its yield bounds its gain
 
     def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
         self.trial = trial
+        self.block = max(1, trial // 4)  # steps per trial block
         self.min_gap = min_gap
         self.max_gap = max_gap
-        self.warmup = warmup  # steps of each run not scored (the drafter catching up)
+        self.warmup = warmup  # a trial's first steps, not scored (the switched-to mode settling)
         # the starting mode runs a whole gap first (speculation: the drafter's first
         # steps, calibration and scheduler history, are not what it does once settled)
         self.mode = self.start = start
         self.gap = min_gap if start == SPEC else min(self.PLAIN_START_GAPS * min_gap, max_gap)
-        self._left = self.gap + warmup  # steps left in the current run
-        self._trial = False  # the current run is a trial (scored to decide)
-        self._scored = 0  # scored steps of the current run
-        #: this run's scored output (in plain-step units), seconds, tokens emitted and
-        #: request-steps
-        self._run = [0.0, 0.0, 0.0, 0.0]
-        #: each mode's efficiency over its recent runs (None: not measured yet)
+        self._left = self.gap  # steps left in the current gap or trial block
+        self._trial = False  # a trial is running
+        self._gap_mode = start  # the mode of the gap the current trial follows
+        self._blocks = 0  # blocks of the current trial done
+        self._skip = 0  # the trial's warm-up steps left
+        #: the current trial's scored output (in plain-step units), seconds, tokens
+        #: emitted and request-steps, per mode
+        self._run = {SPEC: [0.0] * 4, PLAIN: [0.0] * 4}
+        #: each mode's efficiency over the recent trials (None: not measured yet)
         self.score: dict[str, float | None] = {SPEC: None, PLAIN: None}
-        self._sums = {SPEC: [0.0] * 4, PLAIN: [0.0] * 4}  # the same per mode, decayed over its runs
+        self._sums = {SPEC: [0.0] * 4, PLAIN: [0.0] * 4}  # the same per mode, decayed over the trials
         #: steps run in each mode, and the number of switches
         self.steps = {SPEC: 0, PLAIN: 0}
         self.switches = 0
@@ -218,10 +224,10 @@ class LoadLevel:
     def speculating(self) -> bool:
         return self.mode == SPEC
 
-    def _trial_length(self) -> int:
-        # speculation's output varies far more from step to step (lookup hits come in
-        # bursts) than plain decoding's one token per request: it gets a longer trial
-        return 3 * self.trial if self.mode == SPEC else self.trial
+    @property
+    def trialing(self) -> bool:
+        """A trial is running (the modes alternating in blocks)."""
+        return self._trial
 
     def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float) -> None:
         """One pure decode step of the current mode: `emitted` tokens for `num_requests`
@@ -230,63 +236,82 @@ class LoadLevel:
             return
         self.steps[self.mode] += 1
         self._left -= 1
-        if self._left < (self._trial_length() if self._trial else self.gap):  # past the warm-up
-            # tokens in units of a plain step's output, and the time they took
-            self._run[0] += emitted * plain_seconds / num_requests
-            self._run[1] += seconds
-            self._run[2] += emitted
-            self._run[3] += num_requests
-            self._scored += 1
-        if self._left > 0 and not self._losing_trial():
+        if not self._trial:
+            if self._left <= 0:
+                self._start_trial()
             return
-        if self._run[1] > 0:
-            sums = self._sums[self.mode]
-            sums[:] = [self.HISTORY * a + b for a, b in zip(sums, self._run)]
-            self.score[self.mode] = sums[0] / sums[1]
-        self._run = [0.0] * 4
-        self._next_run()
+        if self._skip > 0:
+            self._skip -= 1
+        else:  # tokens in units of a plain step's output, and the time they took
+            run = self._run[self.mode]
+            run[0] += emitted * plain_seconds / num_requests
+            run[1] += seconds
+            run[2] += emitted
+            run[3] += num_requests
+        if self._left > 0:
+            return
+        self._blocks += 1
+        if self._blocks >= self.TRIAL_BLOCKS or self._losing_trial():
+            self._end_trial()
+            return
+        other = PLAIN if self._gap_mode == SPEC else SPEC
+        self._switch(other if self._blocks % 4 in (0, 3) else self._gap_mode)
+        self._left = self.block
+
+    def _start_trial(self) -> None:
+        """A gap ended: the trial starts with the other mode, after its warm-up."""
+        self._trial = True
+        self._gap_mode = self.mode
+        self._blocks = 0
+        self._skip = self.warmup
+        self._switch(PLAIN if self.mode == SPEC else SPEC)
+        self._left = self.block + self.warmup
+
+    def _efficiency(self, mode: str) -> float | None:
+        run = self._run[mode]
+        return run[0] / run[1] if run[1] > 0 else None
 
     def _losing_trial(self) -> bool:
-        """A speculation trial that, after `trial` scored steps, runs below EARLY_EXIT of
-        plain decoding's score (EARLY_EXIT_PLAIN_START at a level that started plain)
-        ends there: its longer length is for the bursts that make speculation pay, and
-        a trial this far behind costs more than it tells."""
-        if not (self._trial and self.mode == SPEC and self._scored >= self.trial and self._run[1] > 0):
+        """Halfway through (each mode has run as many blocks), a trial in which
+        speculation runs below EARLY_EXIT of plain decoding's efficiency
+        (EARLY_EXIT_PLAIN_START at a level that started plain) ends there: its second
+        half is for the bursts that make speculation pay, and a trial this far behind
+        costs more than it tells."""
+        if self._blocks != self.TRIAL_BLOCKS // 2:
             return False
-        plain = self.score[PLAIN]
+        spec, plain = self._efficiency(SPEC), self._efficiency(PLAIN)
         exit_below = self.EARLY_EXIT if self.start == SPEC else self.EARLY_EXIT_PLAIN_START
-        return plain is not None and self._run[0] / self._run[1] < exit_below * plain
+        return spec is not None and plain is not None and spec < exit_below * plain
 
     @property
     def spec_yield(self) -> float | None:
-        """Speculation's tokens per request and step over its recent runs (None: not
+        """Speculation's tokens per request and step over its recent trials (None: not
         measured yet)."""
         s = self._sums[SPEC]
         return s[2] / s[3] if s[3] > 0 else None
 
-    def _next_run(self) -> None:
-        other = PLAIN if self.mode == SPEC else SPEC
-        if self.score[other] is None:  # measure the other mode once first
-            self._switch(other, trial=True)
-            return
-        ahead = self.score[SPEC] >= self.SPEC_MARGIN * self.score[PLAIN]
+    def _end_trial(self) -> None:
+        """Both modes' trial runs into their scores (decayed alike: the scores stay
+        paired), then the winner's gap (longer if it won the last trial too)."""
+        for mode, run in self._run.items():
+            if run[1] > 0:
+                sums = self._sums[mode]
+                sums[:] = [self.HISTORY * a + b for a, b in zip(sums, run)]
+                self.score[mode] = sums[0] / sums[1]
+            self._run[mode] = [0.0] * 4
+        spec, plain = self.score[SPEC], self.score[PLAIN]
+        ahead = spec is not None and plain is not None and spec >= self.SPEC_MARGIN * plain
         best = SPEC if ahead and self.spec_yield >= self.SPEC_MARGIN else PLAIN
-        if self._trial:
-            # a trial ended: run the winner for a gap (longer if it won before too)
-            self.gap = min(2 * self.gap, self.max_gap) if best == self._last_best else self.min_gap
-            self._last_best = best
-            self._switch(best, trial=False)
-        else:
-            # a gap ended: give the other mode a trial
-            self._switch(other, trial=True)
+        self.gap = min(2 * self.gap, self.max_gap) if best == self._last_best else self.min_gap
+        self._last_best = best
+        self._trial = False
+        self._switch(best)
+        self._left = self.gap
 
-    def _switch(self, mode: str, trial: bool) -> None:
+    def _switch(self, mode: str) -> None:
         if mode != self.mode:
             self.switches += 1
         self.mode = mode
-        self._trial = trial
-        self._scored = 0
-        self._left = (self._trial_length() if trial else self.gap) + self.warmup
 
     def summary(self) -> dict:
         return {"mode": self.mode, "score": dict(self.score), "spec_yield": self.spec_yield,
