@@ -386,24 +386,32 @@ def test_prompt_lookup_alone_is_governed_and_exact(greedy_case):  # noqa: F811
 
 
 def test_an_engine_that_cannot_reach_a_governed_level_measures_no_table(default_target_fp32, monkeypatch):
-    """`dspark generate` runs one request: prompt lookup governed from 2 requests (the
-    default for a target without a drafter) must not profile the target's step time
-    there, a minute on a larger model's first use; an engine of 4 requests does."""
+    """`dspark generate` runs one request: prompt lookup with fixed lengths, governed
+    from 2 requests, must not profile the target's step time there (a minute on a
+    larger model's first use); an engine of 4 requests does. The default for a target
+    without a drafter prices its lengths, which needs the table at one request too."""
     from dspark.engine import engine as engine_module
     from dspark.engine.config import LOOKUP_DEFAULT, SpeculativeConfig
     from dspark.engine.engine import EngineConfig, LLMEngine
     from dspark.profiling import tables
 
-    spec = SpeculativeConfig.from_dict(LOOKUP_DEFAULT)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, plain_fallback=2)
     gov = engine_module._governor
     assert not gov(spec).governs(1) and gov(spec).governs(2)
+    assert gov(SpeculativeConfig.from_dict(LOOKUP_DEFAULT)).governs(2)
     assert gov(SpeculativeConfig(method="ngram", plain_fallback=True)).governs(1)
     assert gov(SpeculativeConfig(method="ngram")) is None
     assert gov(SpeculativeConfig(method="dspark", plain_fallback=8, plain_trials_from=2)).governs(2)
     assert not gov(SpeculativeConfig(method="dspark", plain_fallback=8)).governs(4)
+    from dspark.schedule.step_time import StepTimeTable
+
     profiled = []
-    monkeypatch.setattr(tables, "load_or_profile", lambda *a, **k: profiled.append(a) or None)
+    flat = StepTimeTable(token_counts=[1, 8, 64], raw_ms=[10.0, 12.0, 40.0])
+    monkeypatch.setattr(tables, "load_or_profile", lambda *a, **k: profiled.append(a) or flat)
     one = LLMEngine(default_target_fp32, spec, EngineConfig(max_num_seqs=1, max_model_len=256))
     assert not profiled and one.governor is None and one.step_table is None
     LLMEngine(default_target_fp32, spec, EngineConfig(max_num_seqs=4, max_model_len=256))
     assert len(profiled) == 1
+    priced = LLMEngine(default_target_fp32, SpeculativeConfig.from_dict(LOOKUP_DEFAULT),
+                       EngineConfig(max_num_seqs=1, max_model_len=256))
+    assert len(profiled) == 2 and priced.step_table is not None

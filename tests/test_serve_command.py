@@ -24,8 +24,8 @@ def test_default_speculation_falls_back_to_prompt_lookup_without_a_shipped_draft
     target = SimpleNamespace(name="default")
     with caplog.at_level("WARNING", logger="dspark.serve"):
         spec = resolve_speculative("default", target)
-    # no drafter: prompt lookup alone, governed from two requests (the governor needs the CPU's table)
-    assert spec.method == "ngram" and spec.num_speculative_tokens == 3 and spec.plain_fallback == 2 and not spec.lookup
+    # no drafter: prompt lookup alone, its lengths priced by the scheduler, governed from two requests
+    assert spec.method == "ngram" and spec.policy == "dspark-async" and spec.plain_fallback == 2 and not spec.lookup
     assert "prompt lookup alone" in caplog.text and "--speculative-config none" in caplog.text
     (tmp_path / "dspark").mkdir()
     (tmp_path / "dspark" / "config.json").write_text("{}")

@@ -75,16 +75,18 @@ DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True,
                        "plain_fallback": 8, "plain_trials_from": 2}
 
 #: the default for a target without a shipped drafter: prompt lookup alone (no drafter),
-#: verifying up to 3 tokens, ungoverned at one request, governed from two (those levels
-#: start plain and try speculation now and then; dspark.engine.governor), since there a
-#: step of several tokens per request is dear and lookup's tokens are accepted too
-#: rarely. Engine alone, stepped in turn with plain decoding, on the second target
-#: (Qwen2.5-Coder-0.5B, 2-core AVX2 EPYC), at one request: up to 3 tokens 1.15x in bf16w
-#: and 1.19x in fp32, up to 7 (the n-gram drafter's own default) 1.04x and 1.17x; at 4
-#: and 16 requests 1.00x (lookup ungoverned: 0.82x and 0.58x in fp32)
-#: (docs/benchmarks/models.md, last section); since its gate opened at one request
-#: (LOOKUP_GATE_FROM), 1.32x in bf16w at one request (one run, docs/benchmarks/hybrid.md)
-LOOKUP_DEFAULT = {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2}
+#: each request's length priced by the scheduler (calibrated lookup survivals against
+#: the step-time curve: dspark.drafters.priced_lookup), ungoverned at one request,
+#: governed from two (those levels start plain and try speculation now and then;
+#: dspark.engine.governor), since there a step of several tokens per request is dear and
+#: lookup's tokens are accepted too rarely. Engine alone, stepped in turn with plain
+#: decoding (2-core AVX2 EPYC, bf16w), against the earlier fixed 3 tokens: at one request
+#: 1.184x against 1.165x plain on the second target (Qwen2.5-Coder-0.5B) and 1.127x against
+#: 1.095x on the default model; at 4 requests 0.999x against 0.995x and 0.987x against
+#: 0.978x; at 16, level with plain decoding both (docs/benchmarks/governor-trials.md). Its
+#: one cost: the step-time profile on a target's first use, at one request too (28-33 s
+#: for the second target; cached after).
+LOOKUP_DEFAULT = {"method": "ngram", "enable_adaptive_verification": True, "plain_fallback": 2}
 
 #: the verification policies that read the drafts' confidences
 CONFIDENCE_POLICIES = ("threshold", "dspark-sync", "dspark-async")
@@ -288,8 +290,9 @@ def resolve_speculative(spec: "SpeculativeConfig | str | None", target) -> "Spec
         default.drafter_path(target.name)
     except UserError as e:
         logging.getLogger("dspark.serve").warning(
-            "%s. Until then: prompt lookup alone, %s (at one request, and from two only where it "
-            "measures faster than plain decoding); --speculative-config none decodes without speculation.",
+            "%s. Until then: prompt lookup alone, %s (lengths priced by the scheduler; at one request, "
+            "and from two only where it measures faster than plain decoding); --speculative-config none "
+            "decodes without speculation.",
             e, json.dumps(LOOKUP_DEFAULT))
         return SpeculativeConfig.from_dict(LOOKUP_DEFAULT)
     return default

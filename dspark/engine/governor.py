@@ -8,18 +8,24 @@ pays only when it is accepted more often than not. Where speculation cannot win,
 these leftovers make it lose a few percent to plain decoding. The governor turns
 speculation off for such stretches, by measurement rather than by model:
 
-* a run of pure decode steps (no prompt chunks) is scored by its efficiency: the
-  tokens it emitted, each counted as T(R) / R seconds (what a plain step of the same
-  R requests takes per token, by the step-time profile as measured at start-up: a
-  fixed unit, where the live table would learn count R while plain decoding runs it
-  and score the two modes against different references), over the seconds the steps
+* pure decode steps (no prompt chunks) are scored by their efficiency: the tokens
+  they emitted, each counted as T(R) / R seconds (what a plain step of the same R
+  requests takes per token, by the step-time profile as measured at start-up: a fixed
+  unit, where the live table would learn count R while plain decoding runs it and
+  score the two modes against different references), over the seconds the steps
   took; plain decoding scores about 1 on an undrifted machine, speculation its speedup;
-* the engine starts speculating for `min_gap` steps, then alternates between the
-  two modes in runs: a trial of the mode not in use (`trial` steps of plain decoding,
-  three times that of speculation, whose output varies more), then `gap` steps of
-  whichever scored higher in the latest runs of each. The gap doubles (up to `max_gap`) each time the same mode wins again
-  and falls back to `min_gap` when the other one does, so a settled workload spends
-  about trial / max_gap of its steps on the losing mode.
+* the engine starts speculating for `min_gap` steps, then runs a trial: the two modes
+  alternate in blocks of `trial` / 4 steps in the order A B B A B A A B ... (16
+  blocks: 2 x `trial` steps of each), so that the machine's drift and the requests'
+  growing lengths fall on both alike, and only the trial's steps are scored. Then
+  `gap` steps of whichever scored higher over the latest trials. The gap doubles (up
+  to `max_gap`) each time the same mode wins again and falls back to `min_gap` when the
+  other one does, so a settled workload spends about 2 x trial / max_gap of its steps
+  on the losing mode. (Scored as runs one after the other, minutes apart, the modes
+  were compared at different speeds of the machine: at 4 requests, engine alone,
+  priced prompt lookup kept speculation for 40 % of its steps on a score 7 % ahead
+  while it ran 4 % behind plain decoding, 0.958x plain; paired, 0.983-0.987x:
+  docs/benchmarks/governor-trials.md.)
 
 `"plain_fallback": true` governs every load level, each starting with speculation.
 Measured on the default model, that settled on plain decoding in a long run at 16
@@ -44,30 +50,15 @@ cheap there, and with plain decoding where a step of two tokens per request cost
 least `DEAR_VERIFICATION` (1.2) times a plain one: at 4 requests speculation paid on an
 AMX Xeon (1.07-1.13x plain decoding) and lost on an AVX2-only EPYC, where a step of 8
 tokens costs 1.3-1.4 times one of 4 (0.87x engine alone at 4 requests, mostly prompt
-lookup tokens accepted one time in five). The default governs from 2 requests. A
-speculation trial that runs below `EARLY_EXIT` (0.85) of plain decoding's score after
-`trial` scored steps ends there rather than running its triple length; at a level that
-started plain (where speculation is expected to lose) it ends there unless it is level
-with plain decoding (`EARLY_EXIT_PLAIN_START`): engine alone at 16 requests, the first
-trial of such a level had run 100 of a fresh engine's ~370 steps at 0.92-0.98 of plain.
-Scores are taken minutes apart, and on these machines speed drifts by more than the
-few percent they must resolve: stepped in turn with plain decoding (engine alone,
-scripts/bench_lockstep.py), DSpark alone at 4 requests kept speculation for up to 69 %
-of its steps on scores a point or two ahead while drafting in under 1 % of them (0.966x
-plain). So speculation must also have emitted `SPEC_MARGIN` tokens per request and
-step, a bound on its gain that drift does not move (0.982x). Served on that
-EPYC, interleaved (three rounds), the default ran 0.94x / 0.99x / 1.10x plain decoding
-at 4 / 16 / 32 requests, the same engine governed from 8 requests only 0.90x / 0.89x /
-1.06x in the same rounds: at 4 requests still below, where the level's scores put
-speculation and plain decoding within a few percent of each other and the governor
-keeps switching. With both modes scored against the fixed profile (and the prefix
-cache), a last sweep at 4 requests gave 1.08x [1.04-1.12] (docs/benchmarks/fallback.md);
-a later one, 0.91x [0.91-1.02], and engine alone 0.91x: the level chose speculation for
-31-62 % of its steps on trials a few points ahead by chance, and four prompts admitted
-together after their batch finished were tapped for the drafter at the ungoverned
-level of no decoding requests. A mode's score now spans its recent runs (`HISTORY`),
-speculation must lead by `SPEC_MARGIN`, and the engine asks for the level its
-requests are about to decode at: engine alone 1.02x [0.99-1.04] at 4 requests.
+lookup tokens accepted one time in five). The default governs from 2 requests.
+Halfway through a trial, one in which speculation runs below `EARLY_EXIT` (0.85) of
+plain decoding's efficiency ends there; at a level that started plain (where
+speculation is expected to lose) it ends there unless it is level with plain
+decoding (`EARLY_EXIT_PLAIN_START`). Speculation must lead by `SPEC_MARGIN` and must
+also have emitted that many tokens per request and step, a bound on its gain that
+drift does not move; a mode's score spans its recent trials (`HISTORY`), and the
+engine asks for the level its requests are about to decode at. The history of these
+choices, measured: docs/benchmarks/fallback.md and governed.md.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the
