@@ -185,6 +185,30 @@ def test_a_trial_alternates_the_modes_so_that_drift_falls_on_both():
             assert late.count(want) / len(late) > 0.85, (spec_gain, phase)
 
 
+def test_a_speculation_gap_whose_verification_costs_more_than_it_yields_ends_early():
+    """A gap is not scored against plain decoding (that would compare moments apart),
+    but its output over the table's time of the forwards it ran bounds its efficiency
+    and does not drift: a gap of steps that verify 3 tokens per request (a forward
+    twice a plain one's, by the table) for 1.5 tokens each ends after a window of
+    2 x `trial` steps; one that emits 2.5 tokens for the same forward runs its length."""
+    for emitted, ends_early in ((1.5, True), (2.5, False)):
+        gov = LoadLevel(8, 64, 256, 2)  # starts with a speculation gap of 64 steps
+        modes = []
+        for _ in range(40):
+            modes.append(gov.mode)
+            # wall time says speculation wins (drift can say anything); the table says otherwise
+            gov.record(4, round(4 * emitted), 0.01, 0.05, forward_seconds=0.10)
+        if ends_early:
+            assert modes[:16] == [SPEC] * 16 and modes[16:] == [PLAIN] * 24 and gov.gap_exits == 1
+            assert gov.gap == 64 and not gov.trialing  # plain decoding's shortest gap
+        else:
+            assert modes == [SPEC] * 40 and gov.gap_exits == 0
+    plain_steps = LoadLevel(8, 64, 256, 2, start=PLAIN)
+    for _ in range(40):
+        plain_steps.record(4, 4, 0.05, 0.05, forward_seconds=0.05)
+    assert plain_steps.gap_exits == 0 and plain_steps.mode == PLAIN
+
+
 def test_a_level_that_starts_plain_waits_longer_for_its_first_trial():
     """Where verification is dear (a level that starts plain), the first gap is
     PLAIN_START_GAPS times the shortest, as if plain decoding had won that many trials

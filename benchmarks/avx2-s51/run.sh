@@ -25,3 +25,4 @@ python3 $D/trace_report.py /tmp/tr_pr_spread_*.jsonl > $D/trace_priced_spread_c4
 python3 scripts/bench_lockstep.py --model $M --configs plain,lookup3-governed-from2,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 12 --max-tokens 96 --repeats 2 --json $D/qwen_priced_c1.json > $D/qwen_priced_c1.txt
 python3 scripts/bench_lockstep.py --model $M --configs plain,lookup3-governed-from2,lookup-priced-from2,plain-again --concurrency 4 --num-prompts 24 --max-tokens 96 --repeats 2 --json $D/qwen_priced_c4.json > $D/qwen_priced_c4.txt
 python3 $D/profile_time.py > $D/profile_time.txt
+python3 scripts/bench_lockstep.py --configs plain,lookup3-governed-from2,lookup-priced-from2,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/bound_spread_c4.json > $D/bound_spread_c4.txt  # after the gap bound

@@ -239,7 +239,8 @@ class LLMEngine:
                                                runner.last_select_seconds)
             if self.governor is not None:
                 self.governor.record(len(decodes), sum(len(emitted[s.request_id]) for s in decodes), seconds,
-                                     self._profile.target_time(len(decodes)))
+                                     self._profile.target_time(len(decodes)),
+                                     self._profile.target_time(runner.last_forward_tokens))
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
                                             sum(len(t) for t in emitted.values())))

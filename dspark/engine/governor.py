@@ -137,9 +137,10 @@ class SpecGovernor:
         """Whether a step of `num_requests` decodes should speculate."""
         return not self.governs(num_requests) or self.level(num_requests).speculating
 
-    def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float) -> None:
+    def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float,
+               forward_seconds: float | None = None) -> None:
         if num_requests > 0 and self.governs(num_requests):
-            self.level(num_requests).record(num_requests, emitted, seconds, plain_seconds)
+            self.level(num_requests).record(num_requests, emitted, seconds, plain_seconds, forward_seconds)
 
     @property
     def switches(self) -> int:
@@ -181,6 +182,9 @@ class LoadLevel:
     #: machine's speed or the requests' lengths falls on both alike); each block is a
     #: quarter of `trial` steps, so that each mode runs 2 x `trial` steps per trial
     TRIAL_BLOCKS = 16
+    #: a speculation gap ends early when its output bound (`_bound_gap`) falls below
+    #: this share of plain decoding's over a window
+    GAP_BOUND = 0.98
     #: besides its score, speculation is chosen only when its trials emitted at least
     #: SPEC_MARGIN tokens per request and step: a step that verifies more tokens never
     #: costs less than a plain one, so its yield bounds its gain
@@ -210,6 +214,10 @@ class LoadLevel:
         self.steps = {SPEC: 0, PLAIN: 0}
         self.switches = 0
         self._last_best: str | None = None if start == SPEC else PLAIN  # plain's prior win (PLAIN_START_GAPS)
+        #: the current speculation gap's window: output (plain-step units), the table's
+        #: forward seconds, steps (`_bound_gap`); and the gaps ended by it
+        self._bound = [0.0, 0.0, 0]
+        self.gap_exits = 0
 
     @property
     def speculating(self) -> bool:
@@ -220,14 +228,19 @@ class LoadLevel:
         """A trial is running (the modes alternating in blocks)."""
         return self._trial
 
-    def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float) -> None:
+    def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float,
+               forward_seconds: float | None = None) -> None:
         """One pure decode step of the current mode: `emitted` tokens for `num_requests`
-        requests in `seconds`; `plain_seconds` the table's time of a plain step for them."""
+        requests in `seconds`; `plain_seconds` the table's time of a plain step for them,
+        `forward_seconds` the table's time of the target forward the step ran (its
+        verified tokens; None: not known)."""
         if num_requests <= 0 or seconds <= 0 or plain_seconds <= 0:
             return
         self.steps[self.mode] += 1
         self._left -= 1
         if not self._trial:
+            if self.mode == SPEC and forward_seconds is not None and forward_seconds > 0:
+                self._bound_gap(emitted * plain_seconds / num_requests, forward_seconds)
             if self._left <= 0:
                 self._start_trial()
             return
@@ -248,6 +261,29 @@ class LoadLevel:
         other = PLAIN if self._gap_mode == SPEC else SPEC
         self._switch(other if self._blocks % 4 in (0, 3) else self._gap_mode)
         self._left = self.block
+
+    def _bound_gap(self, output: float, forward_seconds: float) -> None:
+        """A speculation gap is not scored (its time cannot be compared with plain
+        decoding's, taken at another moment), but its output over the table's time of
+        the forwards it ran bounds its efficiency from above and does not drift (both
+        come from the same profile): drafting and bookkeeping only add to the time. A
+        gap whose bound falls below `GAP_BOUND` over a window of 2 x `trial` steps ends
+        there (lookup hits can come in bursts that verify many tokens per request for
+        few more accepted, and a trial need not have seen one), and plain decoding runs
+        the shortest gap."""
+        self._bound[0] += output
+        self._bound[1] += forward_seconds
+        self._bound[2] += 1
+        if self._bound[2] < 2 * self.trial:
+            return
+        losing = self._bound[0] < self.GAP_BOUND * self._bound[1]
+        self._bound = [0.0, 0.0, 0]
+        if losing:
+            self.gap_exits += 1
+            self._last_best = PLAIN
+            self.gap = self.min_gap
+            self._switch(PLAIN)
+            self._left = self.gap
 
     def _start_trial(self) -> None:
         """A gap ended: the trial starts with the other mode, after its warm-up."""
@@ -303,7 +339,8 @@ class LoadLevel:
         if mode != self.mode:
             self.switches += 1
         self.mode = mode
+        self._bound = [0.0, 0.0, 0]
 
     def summary(self) -> dict:
         return {"mode": self.mode, "score": dict(self.score), "spec_yield": self.spec_yield,
-                "steps": dict(self.steps), "switches": self.switches, "gap": self.gap}
+                "steps": dict(self.steps), "switches": self.switches, "gap": self.gap, "gap_exits": self.gap_exits}
