@@ -58,6 +58,8 @@ CONFIGS = {
     "lookup3": {"method": "ngram", "num_speculative_tokens": 3},  # up to 3 lookup tokens, fixed verification
     "lookup-priced": {"method": "ngram", "enable_adaptive_verification": True},  # calibrated, lengths priced
     "lookup-priced-from2": {"method": "ngram", "enable_adaptive_verification": True, "plain_fallback": 2},
+    # the same without the prefix cache (as speculating prompt lookup ran before it could reuse prompts kept untapped)
+    "lookup-priced-from2-uncached": {"method": "ngram", "enable_adaptive_verification": True, "plain_fallback": 2},
     "lookup-governed": {"method": "ngram", "plain_fallback": True},  # the same, the governor at every load
     "lookup-governed-from2": {"method": "ngram", "plain_fallback": 2},  # governed from 2 requests, starting plain
     "lookup3-governed-from2": {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2},  # 3 tokens
@@ -145,6 +147,8 @@ def main() -> int:
                 engine.governor.speculating = lambda n: False
             if name == "default-gated":
                 engine.runner.lookup_gate_from = 1
+            if name.endswith("-uncached"):
+                engine.runner.prefix = None
             lanes.append(Lane(name, engine, prompts, params, args.concurrency))
         rnd = 0
         while not all(lane.done() for lane in lanes):

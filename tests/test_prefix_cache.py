@@ -97,12 +97,14 @@ def _generate(target, spec, prompts, caching: bool, max_prefill_tokens: int = 51
 
 
 @pytest.mark.parametrize("spec", [None, {"method": "dspark", "num_speculative_tokens": 3},
-                                  {"method": "dspark", "num_speculative_tokens": 3, "lookup": True}],
-                         ids=["plain", "dspark", "hybrid"])
+                                  {"method": "dspark", "num_speculative_tokens": 3, "lookup": True},
+                                  {"method": "ngram", "num_speculative_tokens": 3}],
+                         ids=["plain", "dspark", "hybrid", "lookup"])
 def test_prompts_that_share_a_head_reuse_it_and_decode_exactly_as_without(default_target_bf16w, spec):
     """Greedy output equals the engine's without the cache (plain decoding, itself tested
     against transformers); with a drafter its drafts and acceptances are the same too,
-    so its context built from the kept taps is the one the computed taps give."""
+    so its context built from the kept taps is the one the computed taps give. Prompt
+    lookup reads no hidden states: it reuses prompts kept without taps."""
     target = default_target_bf16w
     prompts = [target.tokenizer.chat_prompt(q) for q in QUESTIONS]
     want, off = _generate(target, spec, prompts, caching=False)

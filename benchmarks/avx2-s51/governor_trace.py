@@ -55,7 +55,8 @@ while any(p or e.has_unfinished() for e, p in engines.values()):
                      "spec": bool(e.runner.speculating) if e.governor is not None else False,
                      "trial": bool(lv is not None and lv.trialing),
                      "verify": sum(e.runner.last_verify_lengths),
-                     "emitted": sum(len(x.new_tokens) for x in o), "s": dt})
+                     "emitted": sum(len(x.new_tokens) for x in o), "s": dt,
+                     "target_s": e.runner.last_target_seconds, "forward_tokens": e.runner.last_forward_tokens})
     rnd += 1
 with open(out, "w") as f:
     for r in rows:

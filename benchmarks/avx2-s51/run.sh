@@ -26,3 +26,4 @@ python3 scripts/bench_lockstep.py --model $M --configs plain,lookup3-governed-fr
 python3 scripts/bench_lockstep.py --model $M --configs plain,lookup3-governed-from2,lookup-priced-from2,plain-again --concurrency 4 --num-prompts 24 --max-tokens 96 --repeats 2 --json $D/qwen_priced_c4.json > $D/qwen_priced_c4.txt
 python3 $D/profile_time.py > $D/profile_time.txt
 python3 scripts/bench_lockstep.py --configs plain,lookup3-governed-from2,lookup-priced-from2,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/bound_spread_c4.json > $D/bound_spread_c4.txt  # after the gap bound
+python3 scripts/bench_lockstep.py --configs plain,lookup-priced-from2,lookup-priced-from2-uncached,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 2 --json $D/reuse_c1.json > $D/reuse_c1.txt  # prompt lookup reusing prompts kept untapped

@@ -122,17 +122,20 @@ class SpecRunner(DraftChoice):
         its prefill starts (0: nothing reused)."""
         if self.prefix is None or seq.slot < 0:
             return 0
-        # a request of a plain-mode step lets the drafter go (`ContextFeed.let_go`): no taps needed
+        # a request of a plain-mode step lets the drafter go (`ContextFeed.let_go`): no taps
+        # needed; nor for a drafter that reads no hidden states (prompt lookup)
         drafts = (self.drafter is not None and self.speculating and seq.speculate
                   and seq.request_id not in self.undrafted)
-        entry, length = self.prefix.match(seq.prompt_ids, need_taps=drafts)
+        needs_taps = drafts and bool(self.hidden_layers)
+        entry, length = self.prefix.match(seq.prompt_ids, need_taps=needs_taps)
         if entry is None:
             return 0
         taps = self.prefix.restore(seq.slot, entry, length)
         seq.num_cached = seq.num_prefilled = length
         seq.reused_taps = taps
-        if drafts and taps is not None and self.feed is not None:
-            self.feed.stash([seq.request_id], [seq.prompt_ids[:length]], [0], list(range(length)), taps)
+        if drafts and self.feed is not None:  # the drafter's context: the reused tokens (and their taps)
+            self.feed.stash([seq.request_id], [seq.prompt_ids[:length]], [0], list(range(length)),
+                            taps if needs_taps else None)
         return length
 
     def _keep_prompt(self, seq: Sequence, start: int, hidden: torch.Tensor | None) -> None:
