@@ -27,3 +27,9 @@ python3 scripts/bench_lockstep.py --model $M --configs plain,lookup3-governed-fr
 python3 $D/profile_time.py > $D/profile_time.txt
 python3 scripts/bench_lockstep.py --configs plain,lookup3-governed-from2,lookup-priced-from2,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/bound_spread_c4.json > $D/bound_spread_c4.txt  # after the gap bound
 python3 scripts/bench_lockstep.py --configs plain,lookup-priced-from2,lookup-priced-from2-uncached,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 2 --json $D/reuse_c1.json > $D/reuse_c1.txt  # prompt lookup reusing prompts kept untapped
+python3 scripts/bench_lockstep.py --configs plain,lookup3-governed-from2,lookup-priced-from2,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/reuse_spread_c4.json > $D/reuse_spread_c4.txt  # after the prompt-reuse fix
+# prompt steps by the mode they ran in (the traces above), and an ungoverned priced lookup's prompt steps
+for i in 3 4 5; do python3 $D/governor_trace.py lookup-priced-from2 4 48 /tmp/tr_pr_spread_$i.jsonl default 0.5; done
+python3 $D/trace_report.py /tmp/tr_pr_spread_5.jsonl > $D/trace_priced_spread_c4_gap.txt
+python3 $D/prompt_steps_by_mode.py /tmp/tr_pr_spread_*.jsonl /tmp/tr_l3_spread_*.jsonl > $D/prompt_steps_by_mode.txt
+python3 $D/governor_trace.py lookup-priced 4 48 /tmp/tr_ungov.jsonl default 0.5 && python3 $D/prompt_steps_ungoverned.py /tmp/tr_ungov.jsonl > $D/prompt_steps_ungoverned.txt
