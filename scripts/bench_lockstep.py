@@ -37,8 +37,8 @@ measures the engine, not HTTP; `dspark bench sweep` measures a served point.
 from __future__ import annotations
 
 import argparse
-import random
 import json
+import random
 import statistics
 import sys
 import time

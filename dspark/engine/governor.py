@@ -15,7 +15,7 @@ speculation off for such stretches, by measurement rather than by model:
   score the two modes against different references), over the seconds the steps
   took; plain decoding scores about 1 on an undrifted machine, speculation its speedup;
 * the engine starts speculating for `min_gap` steps, then runs a trial: the two modes
-  alternate in blocks of `trial` / 4 steps in the order A B B A B A A B ... (16
+  alternate in blocks of `trial` / 4 steps in the order A B B A A B B A ... (16
   blocks: 2 x `trial` steps of each), so that the machine's drift and the requests'
   growing lengths fall on both alike, and only the trial's steps are scored. Then
   `gap` steps of whichever scored higher over the latest trials. The gap doubles (up

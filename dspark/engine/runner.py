@@ -133,7 +133,8 @@ class SpecRunner(DraftChoice):
         taps = self.prefix.restore(seq.slot, entry, length)
         seq.num_cached = seq.num_prefilled = length
         seq.reused_taps = taps
-        if drafts and self.feed is not None:  # the drafter's context: the reused tokens (and their taps)
+        if drafts and self.feed is not None and (taps is not None or not needs_taps):
+            # the drafter's context: the reused tokens (and their taps)
             self.feed.stash([seq.request_id], [seq.prompt_ids[:length]], [0], list(range(length)),
                             taps if needs_taps else None)
         return length
