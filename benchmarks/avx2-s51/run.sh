@@ -35,3 +35,4 @@ python3 $D/prompt_steps_by_mode.py /tmp/tr_pr_spread_*.jsonl /tmp/tr_l3_spread_*
 python3 $D/governor_trace.py lookup-priced 4 48 /tmp/tr_ungov.jsonl default 0.5 && python3 $D/prompt_steps_ungoverned.py /tmp/tr_ungov.jsonl > $D/prompt_steps_ungoverned.txt
 python3 scripts/bench_lockstep.py --model $M --configs plain,lookup-priced-from2,lookup-priced-from2-uncached,plain-again --concurrency 1 --num-prompts 12 --max-tokens 96 --length-spread 0.5 --repeats 2 --json $D/qwen_reuse_c1.json > $D/qwen_reuse_c1.txt
 python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 32 --num-prompts 128 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/spread_c32.json > $D/spread_c32.txt
+python3 scripts/bench_lockstep.py --configs plain,default,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 2 --json $D/spread_c1.json > $D/spread_c1.txt
