@@ -51,6 +51,8 @@ CONFIGS = {
     "default": DEFAULT_SPECULATIVE,
     "default-held-plain": DEFAULT_SPECULATIVE,  # its governor held in plain mode (see the docstring)
     "default-plain-from4": dict(DEFAULT_SPECULATIVE, plain_fallback=4),  # levels of 4+ requests start plain
+    # the default without pricing a drafting step against lookup alone (as before that pricing)
+    "default-unpriced": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
@@ -147,6 +149,8 @@ def main() -> int:
                 engine.governor.speculating = lambda n: False
             if name == "default-gated":
                 engine.runner.lookup_gate_from = 1
+            if name.endswith("-unpriced"):
+                engine.runner._drafting_over_lookup = lambda decodes, rows, n, prefill_tokens: rows
             if name.endswith("-uncached"):
                 engine.runner.prefix = None
             lanes.append(Lane(name, engine, prompts, params, args.concurrency))
@@ -157,7 +161,8 @@ def main() -> int:
                     lane.step()
             rnd += 1
         run = {lane.name: {"seconds": lane.seconds, "tok_s": lane.tokens / lane.seconds, "steps": lane.steps,
-                           "speculated_steps": lane.speculated} for lane in lanes}
+                           "speculated_steps": lane.speculated,
+                           "drafting_priced_out": lane.engine.runner.priced_out} for lane in lanes}
         plain = run["plain"]["seconds"]
         for name in names:
             run[name]["x_plain"] = plain / run[name]["seconds"]

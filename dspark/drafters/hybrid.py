@@ -99,6 +99,33 @@ class HybridDrafter(LookupDrafter):
         return self.inner.context_length(request_id)
 
     # --- drafting ---------------------------------------------------------------------
+    def survivals_with_and_without(self, request_ids: list, contexts: list[tuple[list[int], ...]],
+                                   num_tokens: int) -> tuple[list[list[float]], list[list[float]]] | None:
+        """For pricing the drafter's call against lookup alone before a step drafts: per
+        request, the survivals of lookup's current proposal alone (zeros past its match)
+        and an estimate of the hybrid block's (lookup while its confidence is at least
+        the drafter's recent mean at that position, then that mean, as the request earns
+        it). Recording nothing; None before the drafter has run (nothing to estimate
+        from). `contexts` as in `lookup_only`."""
+        mean = self.drafter_mean
+        if mean is None:
+            return None
+        alone, hybrid = [], []
+        for rid, ctx in zip(request_ids, contexts):
+            look = self.peek(rid, num_tokens, *ctx)
+            own = self.drafter_trust.preview(rid, mean[:num_tokens])
+            s_look, s_hyb, a, h, ahead = [], [], 1.0, 1.0, True
+            for k in range(num_tokens):
+                c = look[k] if k < len(look) else 0.0
+                ahead = ahead and c >= own[k]
+                a *= c
+                h *= c if ahead else own[k]
+                s_look.append(a)
+                s_hyb.append(h)
+            alone.append(s_look)
+            hybrid.append(s_hyb)
+        return alone, hybrid
+
     def _skip_drafter(self, conf: list[float], num_tokens: int) -> bool:
         mean = self.drafter_mean
         return mean is not None and len(conf) >= num_tokens and all(c >= m for c, m in zip(conf, mean[:num_tokens]))

@@ -80,6 +80,13 @@ class RequestTrust:
         if st is not None:
             st[0] *= self.step_decay
             st[1] *= self.step_decay
+        return self._scaled(f, conf)
+
+    def preview(self, request_id: object, conf: list[float]) -> list[float]:
+        """`adjust` without counting a step (pricing a choice before the step's own call)."""
+        return self._scaled(self.factor(request_id), conf) if self.enabled else conf
+
+    def _scaled(self, f: float, conf: list[float]) -> list[float]:
         if f == 1.0:
             return conf
         if f < 1.0 or not self.odds_up:
@@ -165,6 +172,12 @@ class LookupDrafter(Drafter):
         m = LookupMatch(*self.history.suffix_index(request_id, *parts).most_frequent(num_tokens))
         table_c = self.calibration.confidence(m)
         return m, self.trust.adjust(request_id, table_c), table_c
+
+    def peek(self, request_id: object, num_tokens: int, *parts: list[int]) -> list[float]:
+        """The confidences of lookup's current proposal (`_propose`'s, one for each
+        matched token), recording nothing: for pricing a step's choice before it is made."""
+        m = LookupMatch(*self.history.suffix_index(request_id, *parts).most_frequent(num_tokens))
+        return self.trust.preview(request_id, self.calibration.confidence(m))[:len(m.tokens)]
 
     def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:
         """Lookup for every request over the context it was given (`lookup_only`'s rows)."""

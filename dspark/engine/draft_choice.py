@@ -16,7 +16,7 @@ import time
 import torch
 
 from dspark.drafters.base import DraftRequest
-from dspark.schedule.lookup_pricing import free_lengths
+from dspark.schedule.lookup_pricing import best_rate, free_lengths
 
 from .drafts import faulty_rows, merge_drafts
 from .sequence import Sequence
@@ -56,6 +56,8 @@ class DraftChoice:
             # survivals the next decision rests on; all of them would cost a full draft
             self._probe_turn = (self._probe_turn + PROBE_ROWS) % len(rows)
             rows = sorted((rows + rows)[self._probe_turn: self._probe_turn + PROBE_ROWS])
+        if rows and self.lookup_rows and not getattr(self.policy, "probing", False):
+            rows = self._drafting_over_lookup(decodes, rows, n, prefill_tokens)
         # The drafter's catch-up on the tokens accepted while it was skipped is not timed
         # as its call: it grows with the skipped stretch, and charged to the live curve it
         # kept the drafter off longer (benchmarks/avx2-s50); it falls on speculation's
@@ -117,6 +119,29 @@ class DraftChoice:
             else:
                 self.lookup_gate.record(s.request_id, lengths[i])
         return lengths, block.tokens, block.logits
+
+    def _drafting_over_lookup(self, decodes: list[Sequence], rows: list[int], n: int,
+                              prefill_tokens: int) -> list[int]:
+        """`rows`, or none of them where lookup alone is expected to do at least as well
+        this step: where some row's lookup matched, the best expected tokens per second
+        of its proposals alone (target time only) against the hybrid block's estimate
+        (`survivals_with_and_without`, drafter time included). Lookup's proposals are a
+        function of the context and the estimate of earlier steps, so this stays
+        lossless; the rows then get lookup alone (no drafter call, no catch-up)."""
+        table = getattr(self.policy, "table", None)
+        price = getattr(self.drafter, "survivals_with_and_without", None)
+        if table is None or price is None:
+            return rows
+        priced = price([decodes[i].request_id for i in rows],
+                       [(decodes[i].prompt_ids, decodes[i].output_ids) for i in rows], n)
+        if priced is None or not any(s[0] > 0.0 for s in priced[0]):
+            return rows  # nothing matched: drafting against plain decoding is the policy's call
+        others = len(decodes) - len(rows)
+        if best_rate(priced[0], table, False, others, prefill_tokens) >= \
+                best_rate(priced[1], table, True, others, prefill_tokens):
+            self.priced_out += 1
+            return []
+        return rows
 
     def _lookup_lengths(self, decodes: list[Sequence], looked: list[int], n: int,
                         prefill_tokens: int) -> tuple[list[int], list[list[int]] | None, None]:

@@ -87,6 +87,8 @@ class SpecRunner(DraftChoice):
         self.gate = DraftGate()
         #: ... from this many decoding requests (a drafter without weights costs little below)
         self.draft_gate_from = LOOKUP_GATE_FROM if getattr(drafter, "weightless", False) else 1
+        #: hybrid drafting: steps whose drafting lookup alone was priced above (a metric)
+        self.priced_out = 0
         #: hybrid drafting: rows left out of drafting get prompt lookup alone
         self.lookup_rows = bool(getattr(drafter, "lookup_enabled", False))
         #: False: the drafter has no block to run (priced lookup): every row is a lookup row

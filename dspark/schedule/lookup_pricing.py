@@ -43,17 +43,36 @@ def _free_lengths_array(s: np.ndarray, table: StepTimeTable, others: int, other_
 def _free_lengths_small(s: list[list[float]], table: StepTimeTable, others: int, other_tokens: int) -> list[int]:
     """`free_lengths` of a small table in plain Python: the same sums in the same order
     and the same times, so the same lengths."""
+    if len(s) == 0 or not s[0]:
+        return [0] * len(s)
+    rows, best, _ = _best_prefix_rows(s, table, False, others, other_tokens)
+    return lengths_from_rows(rows, best, len(s))
+
+
+def best_rate(s: list[list[float]], table: StepTimeTable, drafted: bool, others: int = 0,
+              other_tokens: int = 0) -> float:
+    """Expected tokens per second of the best admission prefix of survivals `s` (Python
+    rows), the drafter's time included when `drafted`: what a step would make of these
+    proposals. Compares a drafting step with a lookup-only one before either is made."""
+    if len(s) == 0 or not s[0]:
+        return (len(s) + others) / table.admission_time(len(s) + others + other_tokens, len(s), drafted=False,
+                                                         others=others, other_tokens=other_tokens)
+    return _best_prefix_rows(s, table, drafted, others, other_tokens)[2]
+
+
+def _best_prefix_rows(s: list[list[float]], table: StepTimeTable, drafted: bool, others: int,
+                      other_tokens: int) -> tuple[list[int], int, float]:
+    """The admission order of `s`, the prefix length that maximises expected tokens per
+    second, and that rate (first maximum on ties: the cheapest)."""
     num_requests = len(s)
-    if num_requests == 0 or not s[0]:
-        return [0] * num_requests
     rows, gains = admission_order_rows(s)
     base = num_requests + others
-    best, best_rate, gain = 0, None, 0.0
+    best, best_rate_, gain = 0, None, 0.0
     for j in range(len(gains) + 1):
         if j:
             gain += gains[j - 1]
-        rate = (base + gain) / table.admission_time(base + other_tokens + j, num_requests, drafted=False,
+        rate = (base + gain) / table.admission_time(base + other_tokens + j, num_requests, drafted=drafted,
                                                      others=others, other_tokens=other_tokens)
-        if best_rate is None or rate > best_rate:
-            best, best_rate = j, rate
-    return lengths_from_rows(rows, best, num_requests)
+        if best_rate_ is None or rate > best_rate_:
+            best, best_rate_ = j, rate
+    return rows, best, best_rate_

@@ -1,0 +1,7 @@
+# Commands behind every number of this stop (2-core AMD EPYC, AVX2 + FMA, no AVX-512: lscpu.txt).
+# Run from the repository root with nothing else running.
+D=benchmarks/avx2-s52
+# hybrid drafting priced against lookup alone before each drafting step, against the same without (-unpriced)
+python3 scripts/bench_lockstep.py --configs plain,default,default-unpriced,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/priced_c1.json > $D/priced_c1.txt
+# DSpark alone (no lookup) against the default and lookup alone
+python3 scripts/bench_lockstep.py --configs plain,dspark,default,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 2 --json $D/alone_c1.json > $D/alone_c1.txt

@@ -1,0 +1,105 @@
+"""Hybrid drafting priced against lookup alone before a step drafts: the rate of a
+prefix choice, the two survival estimates it compares, and an engine that leaves the
+drafter out where lookup alone is priced higher, still decoding what plain decoding
+decodes."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from dspark.drafters.hybrid import HybridDrafter
+from dspark.drafters.lookup import LookupCalibration
+from dspark.engine.config import SpeculativeConfig
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.sampling import SamplingParams
+from dspark.schedule.lookup_pricing import best_rate
+from dspark.schedule.step_time import DrafterTimeTable, StepTimeTable
+
+from test_hybrid import _table
+from test_speculative import greedy_case  # noqa: F401  (fixture)
+
+
+def _brute_rate(s, table, drafted, others, other_tokens):
+    """Every length vector, not only prefixes of the admission order."""
+    r = len(s)
+    best = 0.0
+    for lengths in itertools.product(range(len(s[0]) + 1), repeat=r):
+        expected = r + others + sum(sum(row[:n]) for row, n in zip(s, lengths))
+        t = table.admission_time(r + others + other_tokens + sum(lengths), r, drafted=drafted, others=others,
+                                 other_tokens=other_tokens)
+        best = max(best, expected / t)
+    return best
+
+
+def test_best_rate_is_the_best_of_every_length_choice():
+    rng = random.Random(3)
+    table = StepTimeTable(token_counts=[1, 2, 3, 4, 8, 16], raw_ms=[10.0, 10.5, 18.0, 19.0, 30.0, 50.0],
+                          drafter=DrafterTimeTable(method="x", request_counts=[1, 4], raw_ms=[3.0, 6.0]))
+    for _ in range(40):
+        r, g = rng.randint(1, 3), rng.randint(1, 4)
+        s = []
+        for _ in range(r):
+            v, row = 1.0, []
+            for _ in range(g):
+                v *= rng.random() ** 0.3
+                row.append(v)
+            s.append(row)
+        others, other_tokens = rng.randint(0, 2), rng.choice([0, 0, 5])
+        for drafted in (False, True):
+            assert best_rate(s, table, drafted, others, other_tokens) == \
+                pytest.approx(_brute_rate(s, table, drafted, others, other_tokens))
+    # the drafter's time lowers the rate of the same proposals
+    s = [[0.9, 0.8, 0.5]]
+    assert best_rate(s, table, True) < best_rate(s, table, False)
+
+
+def _hybrid(tmp_path, per_position):
+    inner = SimpleNamespace(confidence_head=object(), target=None, target_layer_ids=[1], max_draft_tokens=5,
+                            device="cpu")
+    h = HybridDrafter(inner, LookupCalibration.load(_table(tmp_path, per_position)))
+    h.drafter_trust.enabled = False  # the drafter's mean as it is
+    h.trust.enabled = False
+    return h
+
+
+def test_survivals_with_and_without_the_drafter(tmp_path):
+    h = _hybrid(tmp_path, [0.9, 0.8, 0.2, 0.2, 0.2])
+    seq = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]  # lookup proposes 7 8 9 5 6 ...
+    assert h.survivals_with_and_without(["r"], [(seq, [])], 5) is None  # the drafter never ran
+    h.drafter_mean = [0.7, 0.6, 0.5, 0.4, 0.3]
+    before = dict(h.counts)
+    alone, hybrid = h.survivals_with_and_without(["r"], [(seq, [])], 5)
+    c = [(0.9 * 1000 + 1) / 1002, (0.8 * 1000 + 1) / 1002, (0.2 * 1000 + 1) / 1002]
+    assert alone[0][:3] == pytest.approx([c[0], c[0] * c[1], c[0] * c[1] * c[2]])
+    # lookup while at least the drafter's mean (positions 0 and 1), then the mean
+    assert hybrid[0] == pytest.approx([c[0], c[0] * c[1], c[0] * c[1] * 0.5, c[0] * c[1] * 0.5 * 0.4,
+                                       c[0] * c[1] * 0.5 * 0.4 * 0.3])
+    assert dict(h.counts) == before and not h._last  # nothing recorded
+    # nothing matched: lookup's survivals are zeros, the hybrid's the drafter's mean
+    alone, hybrid = h.survivals_with_and_without(["r"], [([1, 2, 3, 4], [])], 5)
+    assert alone == [[0.0] * 5]
+    assert hybrid[0] == pytest.approx([0.7, 0.42, 0.21, 0.084, 0.0252])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
+def test_a_slow_drafter_is_left_out_where_lookup_matches_and_output_stays_exact(greedy_case, tmp_path):  # noqa: F811
+    target, prompts, refs = greedy_case
+    steps = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=200.0)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, verification_policy="dspark-async",
+                             lookup=True, lookup_calibration=_table(tmp_path, [0.95] * 7))
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=512), step_table=steps)
+    engine.runner.policy.should_draft = lambda num_requests, num_drafted: True  # price every step here
+    seqs = engine.generate(prompts[:6], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:6]):
+        assert seq.output_ids == ref
+    # lookup sure of its tokens and the drafter costing 200 ms: wherever lookup matched,
+    # the step looked up alone (and verified lookup's tokens)
+    runner = engine.runner
+    assert runner.priced_out > 0
+    assert runner.drafter.counts["lookup_only"] >= runner.priced_out
+    assert engine.total_stats().accepted_tokens > 0
