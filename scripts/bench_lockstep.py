@@ -53,6 +53,8 @@ CONFIGS = {
     "default-plain-from4": dict(DEFAULT_SPECULATIVE, plain_fallback=4),  # levels of 4+ requests start plain
     # the default without pricing a drafting step against lookup alone (as before that pricing)
     "default-unpriced": DEFAULT_SPECULATIVE,
+    # the default with its drafting steps' time outside the target lumped with lookup-only steps' (as before the split)
+    "default-lumped": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
@@ -151,6 +153,9 @@ def main() -> int:
                 engine.runner.lookup_gate_from = 1
             if name.endswith("-unpriced"):
                 engine.runner._drafting_over_lookup = lambda decodes, rows, n, prefill_tokens: rows
+            if name.endswith("-lumped") and engine.live_table is not None:
+                lumped = engine.live_table.record_outside
+                engine.live_table.record_outside = lambda n, spec, sec, sel, *rest: lumped(n, spec, sec, sel)
             if name.endswith("-uncached"):
                 engine.runner.prefix = None
             lanes.append(Lane(name, engine, prompts, params, args.concurrency))

@@ -5,3 +5,8 @@ D=benchmarks/avx2-s52
 python3 scripts/bench_lockstep.py --configs plain,default,default-unpriced,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/priced_c1.json > $D/priced_c1.txt
 # DSpark alone (no lookup) against the default and lookup alone
 python3 scripts/bench_lockstep.py --configs plain,dspark,default,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 2 --json $D/alone_c1.json > $D/alone_c1.txt
+# decode steps by kind at one request (drafted / looked up), the default against priced lookup alone
+python3 $D/step_kinds.py > $D/step_kinds.txt  # before drafted steps were split by lookup's match
+# after the drafting steps' own time outside was charged to the drafter (-lumped: as before)
+python3 scripts/bench_lockstep.py --configs plain,default,default-lumped,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/split_c1.json > $D/split_c1.txt
+python3 $D/step_kinds.py > $D/step_kinds_split.txt

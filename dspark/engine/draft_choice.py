@@ -62,8 +62,11 @@ class DraftChoice:
         # as its call: it grows with the skipped stretch, and charged to the live curve it
         # kept the drafter off longer (benchmarks/avx2-s50); it falls on speculation's
         # per-step overhead instead, like the tokens it covers.
+        self._catchup_seconds = 0.0
         if rows:
+            t = time.perf_counter()
             self.feed.flush([decodes[i].request_id for i in rows])
+            self._catchup_seconds = time.perf_counter() - t
             rows = [i for i in rows if decodes[i].request_id not in self.undrafted]  # a failed flush
         looked = []
         if self.lookup_rows:

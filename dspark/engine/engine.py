@@ -236,7 +236,8 @@ class LLMEngine:
                                        publish=runner.speculating)
                 self.live_table.record_outside(len(decodes), runner.last_speculated,
                                                seconds - runner.last_target_seconds - runner.last_draft_seconds,
-                                               runner.last_select_seconds)
+                                               runner.last_select_seconds, runner.last_drafted_requests > 0,
+                                               runner.last_catchup_seconds)
             if self.governor is not None:
                 self.governor.record(len(decodes), sum(len(emitted[s.request_id]) for s in decodes), seconds,
                                      self._profile.target_time(len(decodes)),

@@ -70,6 +70,8 @@ class SpecRunner(DraftChoice):
         #: the policy, merging drafts
         self.last_select_seconds = 0.0
         self._draft_seconds = 0.0
+        #: the drafter's catch-up on skipped context in the last step that drafted (seconds)
+        self.last_catchup_seconds = self._catchup_seconds = 0.0
         self._num_drafted = 0
         self._probe_turn = 0
         #: False: this step decodes plain, drafting and lookup untouched (the governor's call)
@@ -189,6 +191,7 @@ class SpecRunner(DraftChoice):
         chosen = time.perf_counter() - t0
         # the drafter's own call (its live curve); lookup, the policy and merging are speculation's overhead
         self.last_draft_seconds = self._draft_seconds if self._num_drafted else 0.0
+        self.last_catchup_seconds = self._catchup_seconds if self._num_drafted else 0.0
         self.last_select_seconds = chosen - self.last_draft_seconds if self.last_speculated else 0.0
         prepared = self._prepare(prefills, decodes, lengths, draft_tokens)
         if prepared is None:

@@ -159,7 +159,7 @@ class LiveStepTime:
         self.steps = 0
         self.window = window
         self._queue: list[tuple[int, float, int, float]] = []  # steps recorded, not folded yet
-        self._outside: dict[int, list] = {}  # level -> averages [plain, speculative, choosing] (seconds)
+        self._outside: dict[int, list] = {}  # level -> averages (seconds; see record_outside)
 
     def record(self, n_tokens: int, target_seconds: float, drafted_requests: int = 0,
                draft_seconds: float = 0.0, publish: bool = True) -> None:
@@ -200,47 +200,65 @@ class LiveStepTime:
             self.table.set_live_ms(self.target.ms(), self.drafter.ms() if self._drafted else None)
             self._drafted = False
 
-    def record_outside(self, n_requests: int, speculated: bool, seconds: float, select_seconds: float = 0.0) -> None:
+    def record_outside(self, n_requests: int, speculated: bool, seconds: float, select_seconds: float = 0.0,
+                       drafted: bool = False, catchup_seconds: float = 0.0) -> None:
         """One decode step's time outside the target's forward and the drafter's call,
-        whether it speculated (drafted or looked up), and of that time what choosing the
-        tokens took (lookup, the policy, merging drafts). Per load level (the requests'
-        bit length), exponential averages over about `window` steps; the speculative
-        steps' average minus the plain steps' is the table's `spec_overhead` for that
-        level. A level without plain steps of its own compares with the nearest level
-        below; with none anywhere (every step looked up), a plain step is taken to cost
-        what a speculative one did without its choosing."""
+        whether it speculated (drafted or looked up) and drafted, and of that time what
+        choosing the tokens took (lookup, the policy, merging drafts) and the drafter's
+        catch-up on the context it skipped. Per load level (the requests' bit length),
+        exponential averages over about `window` steps.
+
+        The table's `spec_overhead` is what a speculative step spends there beyond a
+        plain one: a step that only looked up, where the drafter also skips steps
+        (hybrid drafting), and the catch-up spread over every speculative step (it
+        covers the tokens of the steps that skipped, whenever the drafter runs again:
+        a cost of keeping the drafter, not of this step's drafting). Its
+        `draft_overhead` is what a drafting step spends beyond that, catch-up aside
+        (checking, merging and pricing drafts, verifying their distributions): the
+        drafter's call does not time it, and it is the drafter's to pay. A level
+        without plain steps of its own compares with the nearest level below; with
+        none anywhere (every step looked up), a plain step is taken to cost what a
+        speculative one did without its choosing."""
         if n_requests <= 0 or seconds < 0:
             return
         level = load_level(n_requests)
-        avg = self._outside.setdefault(level, [None, None, None, 0])  # plain, speculative, choosing; records
+        # plain, speculative without drafting, choosing, records, drafting (catch-up
+        # aside), catch-up per speculative step
+        avg = self._outside.setdefault(level, [None, None, None, 0, None, None])
 
         def update(i: int, x: float) -> None:
             avg[i] = x if avg[i] is None else avg[i] + (min(x, 4.0 * avg[i] + 1e-3) - avg[i]) / self.window
 
         if speculated:
-            update(1, seconds)
+            catchup = max(0.0, catchup_seconds) if drafted else 0.0
+            update(4 if drafted else 1, seconds - catchup)
+            update(5, catchup)
             update(2, max(0.0, select_seconds))
         else:
             update(0, seconds)
-        if avg[1] is None:
+        spec = avg[1] if avg[1] is not None else avg[4]
+        if spec is None:
             return
         plain = avg[0]
         if plain is None:
             lower = [lv for lv, a in self._outside.items() if lv < level and a[0] is not None]
-            plain = self._outside[max(lower)][0] if lower else avg[1] - avg[2]
+            plain = self._outside[max(lower)][0] if lower else spec - avg[2]
         avg[3] += 1
         if avg[3] % self.publish_every == 0 or avg[3] <= self.window:
-            self.table.set_spec_overhead(n_requests, avg[1] - plain)
+            self.table.set_spec_overhead(n_requests, spec + avg[5] - plain)
+            if avg[1] is not None and avg[4] is not None:
+                self.table.set_draft_overhead(n_requests, avg[4] - avg[1])
 
     def summary(self) -> dict:
         """The live curve against the profile, for metrics and the live view (as of the
         last publication: at most `publish_every` steps behind)."""
+        levels = {f"{2 ** (lv - 1)}-{2 ** lv - 1}": 2 ** (lv - 1) for lv in sorted(self._outside)}
         out = {"steps": self.steps, "token_counts": self.table.token_counts,
                "profiled_ms": [round(float(x), 3) for x in self.target.base_ms],
                "live_ms": [round(float(x), 3) for x in self.target.ms()],
                "observed": self.target.fresh().tolist(),
-               "spec_overhead_ms": {f"{2 ** (lv - 1)}-{2 ** lv - 1}": round(self.table.spec_overhead(2 ** (lv - 1)) * 1000, 3)
-                                    for lv in sorted(self._outside)}}
+               "spec_overhead_ms": {k: round(self.table.spec_overhead(n) * 1000, 3) for k, n in levels.items()},
+               "draft_overhead_ms": {k: round(self.table.draft_overhead(n) * 1000, 3) for k, n in levels.items()}}
         if self.drafter is not None:
             out["drafter"] = {"request_counts": [int(c) for c in self.drafter.counts],
                               "profiled_ms": [round(float(x), 3) for x in self.drafter.base_ms],

@@ -138,6 +138,10 @@ class StepTimeTable:
         #: outside the target's forward and the drafter beyond what a plain step spends
         #: there (lookup, verification, bookkeeping), as measured while serving
         self._spec_overhead: dict[int, float] = {}
+        #: per load level: seconds a drafting step spends outside the target's forward and
+        #: the drafter's call beyond what a speculative step without drafting spends there
+        #: (checking and merging drafts, pricing them, verifying their distributions)
+        self._draft_overhead: dict[int, float] = {}
 
     @property
     def max_token_count(self) -> int:
@@ -168,13 +172,23 @@ class StepTimeTable:
         self._spec_overhead[load_level(n_requests)] = max(0.0, float(seconds))
         self.version += 1
 
+    def draft_overhead(self, n_requests: int) -> float:
+        """Seconds a drafting step of `n_requests` decodes pays outside the target's
+        forward and the drafter's call beyond a speculative step that only looked up (0
+        until measured; `dspark.schedule.live`). Charged with the drafter's time."""
+        return self._draft_overhead.get(load_level(n_requests), 0.0)
+
+    def set_draft_overhead(self, n_requests: int, seconds: float) -> None:
+        self._draft_overhead[load_level(n_requests)] = max(0.0, float(seconds))
+        self.version += 1
+
     def admission_times(self, n_tokens: np.ndarray, n_requests: int, drafted: bool = True, others: int = 0,
                         other_tokens: int = 0) -> np.ndarray:
         """What the scheduler divides expected tokens by: for steps whose forward holds
         `n_tokens` in all (`n_requests` speculating requests with their drafts, `others`
         requests verifying nothing, `other_tokens` prompt tokens), the target's time,
-        the drafter's for `n_requests` when it `drafted`, and `spec_overhead` (at the
-        step's whole load) wherever any drafted token is verified.
+        the drafter's for `n_requests` and `draft_overhead` when it `drafted`, and
+        `spec_overhead` (at the step's whole load) wherever any drafted token is verified.
 
         Prompt tokens place the drafts where they land on the curve, but are not
         charged to them: the time is the decodes' plain step, T(R + others), plus what
@@ -183,6 +197,8 @@ class StepTimeTable:
         to it; without the chunk, drafts that fall past a knee it causes look free.)"""
         n_tokens = np.asarray(n_tokens, dtype=np.float64)
         times = self.step_times(n_tokens, n_requests) if drafted else self.target_times(n_tokens)
+        if drafted:
+            times = times + self.draft_overhead(n_requests + others)
         plain, chunk, overhead = self._admission_terms(n_requests, others, other_tokens)
         if other_tokens:
             times = times - chunk
@@ -192,7 +208,8 @@ class StepTimeTable:
                        other_tokens: int = 0) -> float:
         """`admission_times` at one (integer) token count, from the remembered per-count
         times: the same numbers, without numpy's per-call cost."""
-        t = self.target_time(n_tokens) + (self.drafter_time(n_requests) if drafted else 0.0)
+        t = self.target_time(n_tokens) + (self.drafter_time(n_requests) + self.draft_overhead(n_requests + others)
+                                          if drafted else 0.0)
         plain, chunk, overhead = self._admission_terms(n_requests, others, other_tokens)
         if other_tokens:
             t = t - chunk
