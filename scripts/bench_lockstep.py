@@ -48,6 +48,8 @@ from dspark.engine.config import DEFAULT_SPECULATIVE
 CONFIGS = {
     "plain": None,
     "plain-again": None,  # an A/A control: a second plain engine
+    "plain-b": None,  # more plain engines: the lanes' positions in the stepping order (see the docstring)
+    "plain-c": None,
     "default": DEFAULT_SPECULATIVE,
     "default-held-plain": DEFAULT_SPECULATIVE,  # its governor held in plain mode (see the docstring)
     "default-plain-from4": dict(DEFAULT_SPECULATIVE, plain_fallback=4),  # levels of 4+ requests start plain
@@ -55,6 +57,8 @@ CONFIGS = {
     "default-unpriced": DEFAULT_SPECULATIVE,
     # the default with its drafting steps' time outside the target lumped with lookup-only steps' (as before the split)
     "default-lumped": DEFAULT_SPECULATIVE,
+    # the default with the drafter on wherever the governor leaves speculating (as before the drafter governor)
+    "default-drafting": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
@@ -156,6 +160,8 @@ def main() -> int:
             if name.endswith("-lumped") and engine.live_table is not None:
                 lumped = engine.live_table.record_outside
                 engine.live_table.record_outside = lambda n, spec, sec, sel, *rest: lumped(n, spec, sec, sel)
+            if name == "default-drafting":
+                engine.drafter_governor = None
             if name.endswith("-uncached"):
                 engine.runner.prefix = None
             lanes.append(Lane(name, engine, prompts, params, args.concurrency))
@@ -168,6 +174,7 @@ def main() -> int:
         run = {lane.name: {"seconds": lane.seconds, "tok_s": lane.tokens / lane.seconds, "steps": lane.steps,
                            "speculated_steps": lane.speculated,
                            "drafting_priced_out": lane.engine.runner.priced_out} for lane in lanes}
+        run["order"] = order
         plain = run["plain"]["seconds"]
         for name in names:
             run[name]["x_plain"] = plain / run[name]["seconds"]
@@ -178,6 +185,9 @@ def main() -> int:
         for lane in lanes:
             if lane.engine.governor is not None and lane.name != "default-held-plain":
                 print(f"  {lane.name} governor " + json.dumps(lane.engine.governor.summary()), flush=True)
+            if lane.engine.drafter_governor is not None:
+                print(f"  {lane.name} drafter governor " + json.dumps(lane.engine.drafter_governor.summary()),
+                      flush=True)
     spread = f" (x [{1 - args.length_spread:g}, {1 + args.length_spread:g}])" if args.length_spread else ""
     print(f"\n{args.num_prompts} prompts, concurrency {args.concurrency}, {args.max_tokens} tokens{spread}, "
           f"{args.repeats} repeats, engines stepped in turn")

@@ -26,9 +26,10 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def spec_engine(target, max_num_seqs: int = 8) -> LLMEngine:
     table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=5)
     # the synthetic table as it is (not corrected by measured steps): the race must show drafts;
-    # the plain-decoding fallback governs 4 requests and more (the race's one request drafts)
+    # the plain-decoding fallback governs 4 requests and more (the race's one request drafts;
+    # hybrid drafting, whose drafter below that is governed against lookup alone)
     spec = SpeculativeConfig(method="dspark", enable_adaptive_verification=True, live_step_time=False,
-                             plain_fallback=4)
+                             plain_fallback=4, lookup=True)
     return LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=512), step_table=table)
 
 
@@ -124,7 +125,12 @@ def test_state_moves_after_requests_and_reports_the_scheduler(spec_server):
     assert after["totals"]["draft_tokens"] - before["totals"]["draft_tokens"] == sum(sum(s[5]) for s in new_steps)
     assert set(after["events"]) >= {"drafter_skips", "drafter_faults", "thread_fallbacks", "threads"}
     # one request: below the fallback's levels, so speculation ran and no level was governed
-    assert after["fallback"] == {"from_requests": 4, "levels": []}
+    fallback = after["fallback"]
+    assert fallback["from_requests"] == 4 and fallback["levels"] == []
+    # ... but the hybrid's drafter was, against lookup alone, at the level of one request
+    [level] = fallback["drafter_levels"]
+    assert level["requests"] == "1-1" and level["mode"] in ("speculative", "plain")
+    assert level["steps"]["speculative"] > 0  # the drafter runs first
     # only steps after `since`: a poll carries the news, not the whole ring buffer
     again = httpx.get(url + "/dashboard/state", params={"since": new_steps[-1][0]}, headers=AUTH).json()
     assert again["steps"] == []

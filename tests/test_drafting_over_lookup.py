@@ -6,6 +6,7 @@ decodes."""
 from __future__ import annotations
 
 import itertools
+import time
 import random
 from types import SimpleNamespace
 
@@ -102,4 +103,47 @@ def test_a_slow_drafter_is_left_out_where_lookup_matches_and_output_stays_exact(
     runner = engine.runner
     assert runner.priced_out > 0
     assert runner.drafter.counts["lookup_only"] >= runner.priced_out
+    assert engine.total_stats().accepted_tokens > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
+def test_a_drafter_slower_than_lookup_alone_is_turned_off_by_measurement(greedy_case):  # noqa: F811
+    """At the load levels the governor leaves speculating, the drafter governor runs the
+    hybrid's drafter or lookup alone by measured throughput: a drafter made 50 ms
+    slower a call loses its trials, and lookup alone runs from then on, exact."""
+    from dspark.engine.governor import PLAIN, SPEC, SpecGovernor
+
+    target, prompts, refs = greedy_case
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                             lookup=True, plain_fallback=8, plain_trials_from=2)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=512), step_table=table)
+    assert engine.drafter_governor is not None and not engine.governor.governs(1)
+    engine.drafter_governor = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)  # decide quickly
+    runner = engine.runner
+    runner.policy.should_draft = lambda num_requests, num_drafted: True  # the scheduler would draft every step
+    runner._drafting_over_lookup = lambda decodes, rows, n, prefill_tokens: rows
+    drafter, modes = runner.drafter, []
+    draft = drafter.draft
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return draft(*args, **kwargs)
+
+    drafter.draft = slow
+    step = engine.step
+
+    def record():
+        out = step()
+        modes.append(runner.drafter_on)
+        return out
+
+    engine.step = record
+    seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
+    for seq, ref in zip(seqs, refs[:8]):
+        assert seq.output_ids == ref
+    level = engine.drafter_governor.levels[0]
+    assert level.mode == PLAIN and level.steps[PLAIN] > level.steps[SPEC] > 0
+    assert modes[-16:] == [False] * 16  # the last steps looked up alone
     assert engine.total_stats().accepted_tokens > 0

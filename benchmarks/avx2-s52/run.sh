@@ -10,3 +10,5 @@ python3 $D/step_kinds.py > $D/step_kinds.txt  # before drafted steps were split 
 # after the drafting steps' own time outside was charged to the drafter (-lumped: as before)
 python3 scripts/bench_lockstep.py --configs plain,default,default-lumped,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/split_c1.json > $D/split_c1.txt
 python3 $D/step_kinds.py > $D/step_kinds_split.txt
+python3 scripts/bench_lockstep.py --configs plain,default,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 5 --json $D/hybrid_c1.json > $D/hybrid_c1.txt  # five repeats, the default against lookup alone
+python3 scripts/bench_lockstep.py --configs plain,default,default-drafting,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 4 --json $D/drafter_gov_c1.json > $D/drafter_gov_c1.txt  # the drafter governor (default) against the drafter always on

@@ -46,7 +46,7 @@ class DraftChoice:
         n = self.num_speculative_tokens
         if not decodes or n == 0 or not self.speculating:
             return none
-        drafting = self.drafts_block and self.policy.should_draft(len(decodes), n)
+        drafting = self.drafts_block and self.drafter_on and self.policy.should_draft(len(decodes), n)
         live = [i for i, s in enumerate(decodes) if s.speculate and s.request_id not in self.undrafted]
         gate = len(decodes) >= self.draft_gate_from
         rows = [i for i in live if drafting and decodes[i].request_id not in self.contextless

@@ -113,6 +113,10 @@ class LLMEngine:
         self.live_table = None
         #: speculation or plain decoding by measured throughput (CPU only, with a table)
         self.governor = None
+        #: hybrid drafting, at the load levels the governor leaves speculating: the drafter
+        #: on, or prompt lookup alone, by measured throughput (a second governor, whose
+        #: "plain" mode is lookup alone: the drafter must beat it by its SPEC_MARGIN)
+        self.drafter_governor = None
         if target.device.type == "cpu":
             from dspark.profiling.watch import StepWatch
 
@@ -123,6 +127,10 @@ class LLMEngine:
             if step_table is not None and governor is not None:
                 governor.step_cost = step_table.target_time
                 self.governor = governor
+                if self.runner.lookup_rows and self.runner.drafts_block:
+                    from .governor import SpecGovernor
+
+                    self.drafter_governor = SpecGovernor()
             # with a table: against the profile (and it keeps the table true, unless the
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against
@@ -216,6 +224,8 @@ class LLMEngine:
             soon = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
             was = runner.speculating
             runner.speculating = self.governor.speculating(soon)
+            if self.drafter_governor is not None:
+                runner.drafter_on = self.governor.governs(soon) or self.drafter_governor.speculating(soon)
             if runner.speculating and not was and self.live_table is not None:
                 self.live_table.publish()  # plain-mode steps were recorded unpublished
         chunks, admitted = self._prefill_chunks()
@@ -239,9 +249,12 @@ class LLMEngine:
                                                runner.last_select_seconds, runner.last_drafted_requests > 0,
                                                runner.last_catchup_seconds)
             if self.governor is not None:
-                self.governor.record(len(decodes), sum(len(emitted[s.request_id]) for s in decodes), seconds,
-                                     self._profile.target_time(len(decodes)),
+                out = sum(len(emitted[s.request_id]) for s in decodes)
+                plain = self._profile.target_time(len(decodes))
+                self.governor.record(len(decodes), out, seconds, plain,
                                      self._profile.target_time(runner.last_forward_tokens))
+                if self.drafter_governor is not None and not self.governor.governs(len(decodes)):
+                    self.drafter_governor.record(len(decodes), out, seconds, plain)
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
                                             sum(len(t) for t in emitted.values())))
