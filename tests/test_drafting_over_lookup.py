@@ -147,3 +147,41 @@ def test_a_drafter_slower_than_lookup_alone_is_turned_off_by_measurement(greedy_
     assert level.mode == PLAIN and level.steps[PLAIN] > level.steps[SPEC] > 0
     assert modes[-16:] == [False] * 16  # the last steps looked up alone
     assert engine.total_stats().accepted_tokens > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
+def test_a_long_stretch_with_the_drafter_off_lets_it_go_instead_of_feeding_it(greedy_case):  # noqa: F811
+    """With the drafter off (lookup alone), a request's backlog of context reaching
+    PENDING_FLUSH tokens is dropped (the request goes on with lookup alone) rather
+    than fed to a drafter that may not run again; the output stays exact."""
+    from dspark.engine.context_feed import PENDING_FLUSH
+
+    target, prompts, _ = greedy_case
+    params = SamplingParams(max_tokens=PENDING_FLUSH, ignore_eos=True)
+    ref = LLMEngine(target, None, EngineConfig(max_num_seqs=1, max_model_len=1024)).generate(prompts[:1], params)
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                             lookup=True, plain_fallback=8, plain_trials_from=2)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=1024), step_table=table)
+    engine.drafter_governor.speculating = lambda num_requests: False  # lookup alone throughout
+    runner, fed, let_go = engine.runner, [], set()
+    append = runner.drafter.append_context
+
+    def spy(request_ids, tokens, *args):
+        fed.append(sum(map(len, tokens)))
+        return append(request_ids, tokens, *args)
+
+    runner.drafter.append_context = spy
+    step = engine.step
+
+    def record():
+        out = step()
+        let_go.update(runner.contextless)
+        return out
+
+    engine.step = record
+    [seq] = engine.generate(prompts[:1], params)
+    assert seq.output_ids == ref[0].output_ids
+    assert not runner.drafter_on and fed == [] and len(let_go) == 1
+    assert engine.total_stats().accepted_tokens > 0  # lookup served it

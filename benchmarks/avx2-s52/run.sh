@@ -12,3 +12,4 @@ python3 scripts/bench_lockstep.py --configs plain,default,default-lumped,lookup-
 python3 $D/step_kinds.py > $D/step_kinds_split.txt
 python3 scripts/bench_lockstep.py --configs plain,default,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 5 --json $D/hybrid_c1.json > $D/hybrid_c1.txt  # five repeats, the default against lookup alone
 python3 scripts/bench_lockstep.py --configs plain,default,default-drafting,lookup-priced-from2,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 4 --json $D/drafter_gov_c1.json > $D/drafter_gov_c1.txt  # the drafter governor (default) against the drafter always on
+python3 scripts/bench_lockstep.py --configs plain,default,lookup-priced-from2,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/spread_c4.json > $D/spread_c4.txt  # four requests after this stop's changes

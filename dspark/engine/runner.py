@@ -106,9 +106,11 @@ class SpecRunner(DraftChoice):
         #: recent prompts' keys and values, for prompts that begin the same way (None: off)
         self.prefix: PrefixCache | None = None
         #: accepted tokens and their hidden states not given to the drafter yet
-        #: (none without a drafter block: priced lookup reads each request's own tokens)
+        #: (none without a drafter block: priced lookup reads each request's own tokens);
+        #: a backlog that grows long while the drafter is off lets the drafter go for that request
         self.feed = ContextFeed(drafter, self.device, self.undrafted, self._fault, self.contextless,
-                                feeding=lambda: self.speculating) if drafter and self.drafts_block else None
+                                feeding=lambda: self.speculating and self.drafter_on) \
+            if drafter and self.drafts_block else None
 
     # --- lifecycle -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
