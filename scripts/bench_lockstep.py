@@ -59,6 +59,10 @@ CONFIGS = {
     "default-lumped": DEFAULT_SPECULATIVE,
     # the default with the drafter on wherever the governor leaves speculating (as before the drafter governor)
     "default-drafting": DEFAULT_SPECULATIVE,
+    # the default feeding the drafter a long backlog while the drafter is off (as before letting it go then)
+    "default-feeding": DEFAULT_SPECULATIVE,
+    # the default with its drafter governor held at lookup alone (what the hybrid's machinery costs lookup)
+    "default-lookup-alone": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
@@ -160,6 +164,10 @@ def main() -> int:
             if name.endswith("-lumped") and engine.live_table is not None:
                 lumped = engine.live_table.record_outside
                 engine.live_table.record_outside = lambda n, spec, sec, sel, *rest: lumped(n, spec, sec, sel)
+            if name == "default-feeding":
+                engine.runner.feed.feeding = lambda runner=engine.runner: runner.speculating
+            if name == "default-lookup-alone":
+                engine.drafter_governor.speculating = lambda n: False
             if name == "default-drafting":
                 engine.drafter_governor = None
             if name.endswith("-uncached"):

@@ -185,3 +185,41 @@ def test_a_long_stretch_with_the_drafter_off_lets_it_go_instead_of_feeding_it(gr
     assert seq.output_ids == ref[0].output_ids
     assert not runner.drafter_on and fed == [] and len(let_go) == 1
     assert engine.total_stats().accepted_tokens > 0  # lookup served it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
+def test_speculation_at_a_governed_level_starts_with_lookup_alone(greedy_case):  # noqa: F811
+    """Where the plain-decoding fallback governs (verification is dear there), a step it
+    lets speculate runs lookup alone until a trial shows the drafter pays; below those
+    levels the drafter runs first."""
+    from dspark.engine.governor import PLAIN, SPEC
+
+    target, prompts, refs = greedy_case
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                             lookup=True, plain_fallback=8, plain_trials_from=2)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512), step_table=table)
+    engine.governor.speculating = lambda num_requests: True  # every level speculates here
+    runner, drafted_at = engine.runner, []
+    runner.policy.should_draft = lambda num_requests, num_drafted: True
+    runner._drafting_over_lookup = lambda decodes, rows, n, prefill_tokens: rows
+    draft = runner.drafter.draft
+
+    def spy(requests, *args, **kwargs):
+        drafted_at.append(sum(s.prefilled for s in engine.running))
+        return draft(requests, *args, **kwargs)
+
+    runner.drafter.draft = spy
+    # four requests, three of 4 tokens and one of 24: 4 running, then 1 (or 2-3 between)
+    lengths = [4, 4, 4, 24]
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[1:5], lengths)]
+    while engine.has_unfinished():
+        engine.step()
+    for seq, ref, n in zip(seqs, refs[1:5], lengths):
+        assert seq.output_ids == ref[:n]
+    levels = engine.drafter_governor.levels
+    assert levels[2].start == PLAIN and levels[2].steps[PLAIN] > 0 and levels[2].steps[SPEC] == 0
+    assert levels[0].start == SPEC and levels[0].steps[SPEC] > 0
+    assert drafted_at and set(drafted_at) == {1}  # the drafter ran at one request only
+    assert engine.total_stats().accepted_tokens > 0

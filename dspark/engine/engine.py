@@ -113,9 +113,10 @@ class LLMEngine:
         self.live_table = None
         #: speculation or plain decoding by measured throughput (CPU only, with a table)
         self.governor = None
-        #: hybrid drafting, at the load levels the governor leaves speculating: the drafter
-        #: on, or prompt lookup alone, by measured throughput (a second governor, whose
-        #: "plain" mode is lookup alone: the drafter must beat it by its SPEC_MARGIN)
+        #: hybrid drafting, wherever the governor lets a step speculate: the drafter on, or
+        #: prompt lookup alone, by measured throughput (a second governor, whose "plain"
+        #: mode is lookup alone: the drafter must beat it by its SPEC_MARGIN), scored on
+        #: the steps between the governor's own trials
         self.drafter_governor = None
         if target.device.type == "cpu":
             from dspark.profiling.watch import StepWatch
@@ -130,7 +131,9 @@ class LLMEngine:
                 if self.runner.lookup_rows and self.runner.drafts_block:
                     from .governor import SpecGovernor
 
-                    self.drafter_governor = SpecGovernor()
+                    # below the governed levels the drafter runs first; at the governed ones
+                    # (where verification is dear) lookup alone, as the level's speculation
+                    self.drafter_governor = SpecGovernor(from_requests=2 ** governor.trials_bucket, trials_from=1)
             # with a table: against the profile (and it keeps the table true, unless the
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against
@@ -225,7 +228,7 @@ class LLMEngine:
             was = runner.speculating
             runner.speculating = self.governor.speculating(soon)
             if self.drafter_governor is not None:
-                runner.drafter_on = self.governor.governs(soon) or self.drafter_governor.speculating(soon)
+                runner.drafter_on = self.drafter_governor.speculating(soon)
             if runner.speculating and not was and self.live_table is not None:
                 self.live_table.publish()  # plain-mode steps were recorded unpublished
         chunks, admitted = self._prefill_chunks()
@@ -253,8 +256,10 @@ class LLMEngine:
                 plain = self._profile.target_time(len(decodes))
                 self.governor.record(len(decodes), out, seconds, plain,
                                      self._profile.target_time(runner.last_forward_tokens))
-                if self.drafter_governor is not None and not self.governor.governs(len(decodes)):
-                    self.drafter_governor.record(len(decodes), out, seconds, plain)
+                n = len(decodes)
+                if self.drafter_governor is not None and runner.speculating and not (
+                        self.governor.governs(n) and self.governor.level(n).trialing):
+                    self.drafter_governor.record(n, out, seconds, plain)  # the speculation gaps' steps
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
                                             sum(len(t) for t in emitted.values())))

@@ -88,11 +88,10 @@ def dashboard_state(state, since: float | None = None) -> dict:
     out["fallback"] = None if gov is None else {
         "from_requests": gov.from_requests,
         "levels": [{"requests": level, **st} for level, st in gov.summary().items()]}
-    # hybrid drafting where the fallback leaves speculating: the drafter or lookup alone
+    # hybrid drafting where a step speculates: the drafter or lookup alone
     dgov = getattr(engine, "drafter_governor", None)
     if out["fallback"] is not None and dgov is not None:
-        out["fallback"]["drafter_levels"] = [{"requests": level, **st} for level, st in dgov.summary().items()
-                                             if not gov.governs(int(level.split("-")[0]))]
+        out["fallback"]["drafter_levels"] = [{"requests": level, **st} for level, st in dgov.summary().items()]
     steps = engine.recent_steps.copy()  # one C-level copy: the engine thread appends meanwhile
     cut = -math.inf if since is None else since
     # filtered on the rounded end the page sends back, or the last step would come again
