@@ -6,8 +6,8 @@ decodes."""
 from __future__ import annotations
 
 import itertools
-import time
 import random
+import time
 from types import SimpleNamespace
 
 import pytest
