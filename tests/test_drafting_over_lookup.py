@@ -108,16 +108,18 @@ def test_a_slow_drafter_is_left_out_where_lookup_matches_and_output_stays_exact(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
-def test_a_drafter_slower_than_lookup_alone_is_turned_off_by_measurement(greedy_case):  # noqa: F811
+@pytest.mark.parametrize("lookup", [True, False])
+def test_a_drafter_slower_than_its_absence_is_turned_off_by_measurement(greedy_case, lookup):  # noqa: F811
     """At the load levels the governor leaves speculating, the drafter governor runs the
-    hybrid's drafter or lookup alone by measured throughput: a drafter made 50 ms
-    slower a call loses its trials, and lookup alone runs from then on, exact."""
+    drafter or not (hybrid drafting: lookup alone; a drafter alone: plain decoding's
+    step) by measured throughput: a drafter made 50 ms slower a call loses its trials,
+    and the steps go on without it, exact."""
     from dspark.engine.governor import PLAIN, SPEC, SpecGovernor
 
     target, prompts, refs = greedy_case
     table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
     spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                             lookup=True, plain_fallback=8, plain_trials_from=2)
+                             lookup=lookup, plain_fallback=8, plain_trials_from=2)
     engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=512), step_table=table)
     assert engine.drafter_governor is not None and not engine.governor.governs(1)
     engine.drafter_governor = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)  # decide quickly
@@ -145,7 +147,7 @@ def test_a_drafter_slower_than_lookup_alone_is_turned_off_by_measurement(greedy_
         assert seq.output_ids == ref
     level = engine.drafter_governor.levels[0]
     assert level.mode == PLAIN and level.steps[PLAIN] > level.steps[SPEC] > 0
-    assert modes[-16:] == [False] * 16  # the last steps looked up alone
+    assert modes[-16:] == [False] * 16  # the last steps ran without the drafter
     assert engine.total_stats().accepted_tokens > 0
 
 

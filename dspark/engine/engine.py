@@ -113,10 +113,10 @@ class LLMEngine:
         self.live_table = None
         #: speculation or plain decoding by measured throughput (CPU only, with a table)
         self.governor = None
-        #: hybrid drafting, wherever the governor lets a step speculate: the drafter on, or
-        #: prompt lookup alone, by measured throughput (a second governor, whose "plain"
-        #: mode is lookup alone: the drafter must beat it by its SPEC_MARGIN), scored on
-        #: the steps between the governor's own trials
+        #: wherever the governor lets a step speculate: the drafter on, or off (prompt
+        #: lookup alone with hybrid drafting, else plain decoding's step), by measured
+        #: throughput (a second governor whose "plain" mode is the drafter off: the drafter
+        #: must beat it by its SPEC_MARGIN), scored on the steps between the governor's trials
         self.drafter_governor = None
         if target.device.type == "cpu":
             from dspark.profiling.watch import StepWatch
@@ -128,12 +128,15 @@ class LLMEngine:
             if step_table is not None and governor is not None:
                 governor.step_cost = step_table.target_time
                 self.governor = governor
-                if self.runner.lookup_rows and self.runner.drafts_block:
+                if self.runner.drafts_block:
                     from .governor import SpecGovernor
 
-                    # below the governed levels the drafter runs first; at the governed ones
-                    # (where verification is dear) lookup alone, as the level's speculation
-                    self.drafter_governor = SpecGovernor(from_requests=2 ** governor.trials_bucket, trials_from=1)
+                    # hybrid drafting: below the governed levels the drafter runs first, at the
+                    # governed ones (where verification is dear) lookup alone, as the level's
+                    # speculation. A drafter alone runs first everywhere (off, its steps are
+                    # plain decoding's, which the fallback's own trials cover at its levels)
+                    self.drafter_governor = SpecGovernor(from_requests=2 ** governor.trials_bucket, trials_from=1) \
+                        if self.runner.lookup_rows else SpecGovernor()
             # with a table: against the profile (and it keeps the table true, unless the
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against

@@ -88,7 +88,7 @@ def dashboard_state(state, since: float | None = None) -> dict:
     out["fallback"] = None if gov is None else {
         "from_requests": gov.from_requests,
         "levels": [{"requests": level, **st} for level, st in gov.summary().items()]}
-    # hybrid drafting where a step speculates: the drafter or lookup alone
+    # where a step speculates: the drafter on or off (hybrid drafting: lookup alone)
     dgov = getattr(engine, "drafter_governor", None)
     if out["fallback"] is not None and dgov is not None:
         out["fallback"]["drafter_levels"] = [{"requests": level, **st} for level, st in dgov.summary().items()]

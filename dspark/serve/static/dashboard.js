@@ -163,7 +163,7 @@ function drawFallback(st) {
   if (card.hidden) return;
   document.getElementById("fallback-note").textContent = f.from_requests === null
     ? "the plain-decoding fallback governs every load level; each starts with speculation. Scores: tokens per second over a plain step's, latest run of each mode"
-    : `the plain-decoding fallback decides the load levels in the table: those of ${f.from_requests} running requests and more start with plain decoding, and below them speculation runs unless the table lists the level. Where a step speculates, hybrid drafting's drafter is governed the same way against prompt lookup alone ("(drafter)" rows; lookup alone first at the fallback's levels). Scores: tokens per second over a plain step's, latest run of each mode`;
+    : `the plain-decoding fallback decides the load levels in the table: those of ${f.from_requests} running requests and more start with plain decoding, and below them speculation runs unless the table lists the level. Where a step speculates, the drafter is governed the same way against its absence ("(drafter)" rows; off means prompt lookup alone with hybrid drafting, else a plain step; with hybrid drafting it starts off at the fallback's levels). Scores: tokens per second over a plain step's, latest run of each mode`;
   const score = x => (x === null || x === undefined ? "–" : x.toFixed(3));
   const html = ["<tr><th>requests</th><th>now</th><th>score spec.</th><th>score plain</th><th>steps spec. / plain</th><th>switches</th></tr>"];
   for (const lv of f.levels) {
@@ -172,11 +172,11 @@ function drawFallback(st) {
               `<td class="n">${lv.switches}</td></tr>`);
   }
   if (!f.levels.length) html.push(`<tr><td colspan="6">no governed load reached yet</td></tr>`);
-  // where a step speculates, hybrid drafting: the drafter, or prompt lookup alone, by the same measure
-  const mode = m => (m === "speculative" ? "drafter + lookup" : "lookup alone");
+  // where a step speculates: the drafter on or off, by the same measure
+  const mode = m => (m === "speculative" ? "drafter on" : "drafter off");
   for (const lv of f.drafter_levels || []) {
     html.push(`<tr><td>${lv.requests} (drafter)</td><td>${mode(lv.mode)}</td><td class="n">${score(lv.score.speculative)}</td>` +
-              `<td class="n">${score(lv.score.plain)} (lookup)</td><td class="n">${lv.steps.speculative} / ${lv.steps.plain}</td>` +
+              `<td class="n">${score(lv.score.plain)} (off)</td><td class="n">${lv.steps.speculative} / ${lv.steps.plain}</td>` +
               `<td class="n">${lv.switches}</td></tr>`);
   }
   document.getElementById("fallback").innerHTML = html.join("");
