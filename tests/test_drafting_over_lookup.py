@@ -106,6 +106,28 @@ def test_a_slow_drafter_is_left_out_where_lookup_matches_and_output_stays_exact(
     assert engine.total_stats().accepted_tokens > 0
 
 
+def _governed(target, max_num_seqs: int, lookup: bool = True, max_model_len: int = 512) -> LLMEngine:
+    """The default configuration's shape (adaptive verification, the fallback from 8
+    requests with trials from 2) on a synthetic step-time table."""
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
+                             lookup=lookup, plain_fallback=8, plain_trials_from=2)
+    return LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+                     step_table=table)
+
+
+def _after_each_step(engine: LLMEngine, see) -> None:
+    """Call `see()` after every engine step."""
+    step = engine.step
+
+    def stepped():
+        out = step()
+        see()
+        return out
+
+    engine.step = stepped
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
 @pytest.mark.parametrize("lookup", [True, False])
@@ -117,10 +139,7 @@ def test_a_drafter_slower_than_its_absence_is_turned_off_by_measurement(greedy_c
     from dspark.engine.governor import PLAIN, SPEC, SpecGovernor
 
     target, prompts, refs = greedy_case
-    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
-    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                             lookup=lookup, plain_fallback=8, plain_trials_from=2)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=512), step_table=table)
+    engine = _governed(target, 1, lookup)
     assert engine.drafter_governor is not None and not engine.governor.governs(1)
     engine.drafter_governor = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)  # decide quickly
     runner = engine.runner
@@ -134,14 +153,7 @@ def test_a_drafter_slower_than_its_absence_is_turned_off_by_measurement(greedy_c
         return draft(*args, **kwargs)
 
     drafter.draft = slow
-    step = engine.step
-
-    def record():
-        out = step()
-        modes.append(runner.drafter_on)
-        return out
-
-    engine.step = record
+    _after_each_step(engine, lambda: modes.append(runner.drafter_on))
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
         assert seq.output_ids == ref
@@ -162,10 +174,7 @@ def test_a_long_stretch_with_the_drafter_off_lets_it_go_instead_of_feeding_it(gr
     target, prompts, _ = greedy_case
     params = SamplingParams(max_tokens=PENDING_FLUSH, ignore_eos=True)
     ref = LLMEngine(target, None, EngineConfig(max_num_seqs=1, max_model_len=1024)).generate(prompts[:1], params)
-    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
-    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                             lookup=True, plain_fallback=8, plain_trials_from=2)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=1, max_model_len=1024), step_table=table)
+    engine = _governed(target, 1, max_model_len=1024)
     engine.drafter_governor.speculating = lambda num_requests: False  # lookup alone throughout
     runner, fed, let_go = engine.runner, [], set()
     append = runner.drafter.append_context
@@ -175,14 +184,7 @@ def test_a_long_stretch_with_the_drafter_off_lets_it_go_instead_of_feeding_it(gr
         return append(request_ids, tokens, *args)
 
     runner.drafter.append_context = spy
-    step = engine.step
-
-    def record():
-        out = step()
-        let_go.update(runner.contextless)
-        return out
-
-    engine.step = record
+    _after_each_step(engine, lambda: let_go.update(runner.contextless))
     [seq] = engine.generate(prompts[:1], params)
     assert seq.output_ids == ref[0].output_ids
     assert not runner.drafter_on and fed == [] and len(let_go) == 1
@@ -198,10 +200,7 @@ def test_speculation_at_a_governed_level_starts_with_lookup_alone(greedy_case): 
     from dspark.engine.governor import PLAIN, SPEC
 
     target, prompts, refs = greedy_case
-    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
-    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                             lookup=True, plain_fallback=8, plain_trials_from=2)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512), step_table=table)
+    engine = _governed(target, 4)
     engine.governor.speculating = lambda num_requests: True  # every level speculates here
     runner, drafted_at = engine.runner, []
     runner.policy.should_draft = lambda num_requests, num_drafted: True

@@ -255,11 +255,9 @@ class LLMEngine:
                                                runner.last_select_seconds, runner.last_drafted_requests > 0,
                                                runner.last_catchup_seconds)
             if self.governor is not None:
-                out = sum(len(emitted[s.request_id]) for s in decodes)
-                plain = self._profile.target_time(len(decodes))
-                self.governor.record(len(decodes), out, seconds, plain,
-                                     self._profile.target_time(runner.last_forward_tokens))
-                n = len(decodes)
+                n, out = len(decodes), sum(len(emitted[s.request_id]) for s in decodes)
+                plain = self._profile.target_time(n)
+                self.governor.record(n, out, seconds, plain, self._profile.target_time(runner.last_forward_tokens))
                 if self.drafter_governor is not None and runner.speculating and not (
                         self.governor.governs(n) and self.governor.level(n).trialing):
                     self.drafter_governor.record(n, out, seconds, plain)  # the speculation gaps' steps

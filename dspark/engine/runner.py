@@ -89,7 +89,8 @@ class SpecRunner(DraftChoice):
         self.gate = DraftGate()
         #: ... from this many decoding requests (a drafter without weights costs little below)
         self.draft_gate_from = LOOKUP_GATE_FROM if getattr(drafter, "weightless", False) else 1
-        #: hybrid drafting: False runs lookup alone (the engine's drafter governor's call)
+        #: False: the drafter does not run this step (the engine's drafter governor's call):
+        #: hybrid drafting looks up alone, a drafter alone decodes the step plain
         self.drafter_on = True
         #: hybrid drafting: steps whose drafting lookup alone was priced above (a metric)
         self.priced_out = 0
