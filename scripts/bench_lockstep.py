@@ -29,6 +29,12 @@ at every load: what speculation's machinery costs when it drafts nothing (a step
 speculates nothing should cost what a plain step costs). `plain-again` is a second
 plain engine: its ratio to plain decoding is the method's own resolution in that run.
 
+With more than two configurations the first and last step twice in a row where the
+order turns. Four identical plain lanes at 4 requests put the last lane's time at 0.995
+of its run's mean (0.993-0.999 over 4 repeats), the others at 1.001-1.002
+(benchmarks/avx2-s52/lanes_c4.txt): give --repeats at least the number of
+configurations, so that the rotation puts each one last once.
+
 Stepping engines in turn shares the CPU caches between them (the target's weights are
 shared; each engine has its own KV cache): every configuration pays that alike. This
 measures the engine, not HTTP; `dspark bench sweep` measures a served point.

@@ -54,9 +54,6 @@ def best_rate(s: list[list[float]], table: StepTimeTable, drafted: bool, others:
     """Expected tokens per second of the best admission prefix of survivals `s` (Python
     rows), the drafter's time included when `drafted`: what a step would make of these
     proposals. Compares a drafting step with a lookup-only one before either is made."""
-    if len(s) == 0 or not s[0]:
-        return (len(s) + others) / table.admission_time(len(s) + others + other_tokens, len(s), drafted=False,
-                                                         others=others, other_tokens=other_tokens)
     return _best_prefix_rows(s, table, drafted, others, other_tokens)[2]
 
 
