@@ -69,6 +69,10 @@ CONFIGS = {
     "default-feeding": DEFAULT_SPECULATIVE,
     # the default with its drafter governor held at lookup alone (what the hybrid's machinery costs lookup)
     "default-lookup-alone": DEFAULT_SPECULATIVE,
+    # the DSpark drafter alone, its drafter governor held off: plain steps that keep the drafter's context
+    "dspark-off": dict(DEFAULT_SPECULATIVE, lookup=False),
+    # the default with its drafter first below the fallback's levels (as before lookup alone first everywhere)
+    "default-drafter-first": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
@@ -92,6 +96,7 @@ class Lane:
         self.name, self.engine, self.concurrency = name, engine, concurrency
         self.pending = list(zip(prompts, params))[::-1]
         self.seconds = 0.0
+        self.target_seconds = 0.0  # in the target's forwards
         self.steps = 0
         self.tokens = 0
         self.speculated = 0  # steps that verified at least one drafted token
@@ -106,6 +111,7 @@ class Lane:
         t = time.perf_counter()
         out = e.step()
         self.seconds += time.perf_counter() - t
+        self.target_seconds += e.runner.last_target_seconds
         self.steps += 1
         self.tokens += sum(len(o.new_tokens) for o in out)
         self.speculated += bool(sum(e.runner.last_verify_lengths))
@@ -172,8 +178,13 @@ def main() -> int:
                 engine.live_table.record_outside = lambda n, spec, sec, sel, *rest: lumped(n, spec, sec, sel)
             if name == "default-feeding":
                 engine.runner.feed.feeding = lambda runner=engine.runner: runner.speculating
-            if name == "default-lookup-alone":
+            if name in ("default-lookup-alone", "dspark-off"):
                 engine.drafter_governor.speculating = lambda n: False
+            if name == "default-drafter-first":
+                from dspark.engine.governor import SpecGovernor
+
+                engine.drafter_governor = SpecGovernor(from_requests=2 ** engine.governor.trials_bucket,
+                                                       trials_from=1)
             if name == "default-drafting":
                 engine.drafter_governor = None
             if name.endswith("-uncached"):
@@ -185,7 +196,8 @@ def main() -> int:
                 if not lane.done():
                     lane.step()
             rnd += 1
-        run = {lane.name: {"seconds": lane.seconds, "tok_s": lane.tokens / lane.seconds, "steps": lane.steps,
+        run = {lane.name: {"seconds": lane.seconds, "target_seconds": lane.target_seconds,
+                           "tok_s": lane.tokens / lane.seconds, "steps": lane.steps,
                            "speculated_steps": lane.speculated,
                            "drafting_priced_out": lane.engine.runner.priced_out} for lane in lanes}
         run["order"] = order
@@ -195,7 +207,9 @@ def main() -> int:
         runs.append(run)
         print(f"repeat {rep + 1}/{args.repeats}: " + "  ".join(
             f"{n} {run[n]['tok_s']:.1f} tok/s x{run[n]['x_plain']:.3f} ({run[n]['speculated_steps']}/"
-            f"{run[n]['steps']} steps speculated)" for n in names), flush=True)
+            f"{run[n]['steps']} steps speculated; {1e3 * run[n]['target_seconds'] / run[n]['steps']:.2f} ms target, "
+            f"{1e3 * (run[n]['seconds'] - run[n]['target_seconds']) / run[n]['steps']:.2f} ms outside a step)"
+            for n in names), flush=True)
         for lane in lanes:
             if lane.engine.governor is not None and lane.name != "default-held-plain":
                 print(f"  {lane.name} governor " + json.dumps(lane.engine.governor.summary()), flush=True)

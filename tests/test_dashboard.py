@@ -9,6 +9,7 @@ greedy and short. The pages in a real browser: test_live_browser.py.
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -61,6 +62,8 @@ def test_a_plain_request_in_a_speculative_engine_is_never_drafted_and_stays_exac
     ref = LLMEngine(default_target_fp32, None, EngineConfig(max_num_seqs=2, max_model_len=512)).generate(
         [prompt], params)[0].output_ids
     engine = spec_engine(default_target_fp32, 2)
+    # the drafter held on (hybrid drafting starts with lookup alone, and this prompt has nothing to copy)
+    engine.drafter_governor.speculating = lambda num_requests: True
     plain = engine.add_request(prompt, params, speculate=False)
     spec = engine.add_request(prompt, params)
     while engine.has_unfinished():
@@ -129,8 +132,13 @@ def test_state_moves_after_requests_and_reports_the_scheduler(spec_server):
     assert fallback["from_requests"] == 4 and fallback["levels"] == []
     # ... but the hybrid's drafter was, against lookup alone, at the level of one request
     [level] = fallback["drafter_levels"]
-    assert level["requests"] == "1-1" and level["mode"] in ("speculative", "plain")
-    assert level["steps"]["speculative"] > 0  # the drafter runs first
+    assert level["requests"] == "1-1" and level["steps"]["plain"] > 0  # lookup alone first
+    # ... and /metrics says so (the drafter off at that level, and the steps it sat out)
+    text = httpx.get(url + "/metrics", headers=AUTH, timeout=30).text
+    on = re.search(r'^dspark:spec_decode_drafter_on\{[^}]*requests="1-1"[^}]*\} (\S+)$', text, re.M)
+    off = re.search(r"^dspark:spec_decode_drafter_off_steps_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    assert on and float(on.group(1)) == (1.0 if level["mode"] == "speculative" else 0.0)
+    assert off and float(off.group(1)) >= level["steps"]["plain"]
     # only steps after `since`: a poll carries the news, not the whole ring buffer
     again = httpx.get(url + "/dashboard/state", params={"since": new_steps[-1][0]}, headers=AUTH).json()
     assert again["steps"] == []

@@ -10,17 +10,18 @@ from dspark.engine.governor import PLAIN, SPEC, LoadLevel, SpecGovernor
 
 
 def _run(gov: LoadLevel, steps: int, spec_eff, plain_eff: float = 1.0, requests: int = 16,
-         spec_yield: float = 2.0) -> list[str]:
+         spec_yield: float = 2.0, plain_yield: float = 1.0) -> list[str]:
     """Feed `steps` steps whose efficiency (vs the plain reference) is `spec_eff` (a
     number or a function of the step index) in speculative mode, emitting `spec_yield`
-    tokens per request, and `plain_eff` in plain mode (one token per request); returns
+    tokens per request, and `plain_eff` in plain mode, emitting `plain_yield` (plain
+    decoding's one; the drafter governor's "plain" mode, lookup alone, more); returns
     the mode of every step."""
     modes = []
     plain_seconds = 0.050
     for i in range(steps):
         modes.append(gov.mode)
         eff = (spec_eff(i) if callable(spec_eff) else spec_eff) if gov.speculating else plain_eff
-        per_request = spec_yield if gov.speculating else 1.0
+        per_request = spec_yield if gov.speculating else plain_yield
         seconds = 0.050 * per_request / eff  # these tokens, at this efficiency
         gov.record(requests, round(requests * per_request), seconds, plain_seconds)
     return modes
@@ -247,6 +248,18 @@ def test_speculation_that_emits_no_more_tokens_than_plain_decoding_is_never_chos
         late = _run(gov, 4000, spec_eff=1.3, requests=100, spec_yield=spec_yield)[1000:]
         assert late.count(want) / len(late) > 0.85, spec_yield
         assert gov.spec_yield == pytest.approx(spec_yield)
+
+
+def test_a_drafter_that_emits_no_more_tokens_than_lookup_alone_is_never_chosen():
+    """The drafter governor's "plain" mode (lookup alone) emits more than a token per
+    request and step; the drafter's yield must beat that one by SPEC_MARGIN, since a
+    step that drafts never costs less than one that only looks up. Scored ahead (a
+    trial's timing noise) but emitting no more tokens, the drafter is not chosen."""
+    for spec_yield, want in ((1.3, PLAIN), (1.32, PLAIN), (1.5, SPEC)):
+        gov = LoadLevel(8, 16, 256, 2, start=PLAIN)
+        late = _run(gov, 4000, spec_eff=1.4, plain_eff=1.3, requests=10, spec_yield=spec_yield,
+                    plain_yield=1.3)[1000:]
+        assert late.count(want) / len(late) > 0.85, spec_yield
 
 
 def test_a_score_weighs_a_modes_earlier_trials_by_history():

@@ -55,8 +55,8 @@ Halfway through a trial, one in which speculation runs below `EARLY_EXIT` (0.85)
 plain decoding's efficiency ends there; at a level that started plain (where
 speculation is expected to lose) it ends there unless it is level with plain
 decoding (`EARLY_EXIT_PLAIN_START`). Speculation must lead by `SPEC_MARGIN` and must
-also have emitted that many tokens per request and step, a bound on its gain that
-drift does not move; a mode's score spans its recent trials (`HISTORY`), and the
+also have emitted that many times the other mode's tokens per request and step (plain
+decoding's one), a bound on its gain that drift does not move; a mode's score spans its recent trials (`HISTORY`), and the
 engine asks for the level its requests are about to decode at. The history of these
 choices, measured: docs/benchmarks/fallback.md and governed.md.
 
@@ -186,8 +186,10 @@ class LoadLevel:
     #: this share of plain decoding's over a window
     GAP_BOUND = 0.98
     #: besides its score, speculation is chosen only when its trials emitted at least
-    #: SPEC_MARGIN tokens per request and step: a step that verifies more tokens never
-    #: costs less than a plain one, so its yield bounds its gain
+    #: SPEC_MARGIN times the other mode's tokens per request and step (plain decoding's
+    #: one; the drafter governor's lookup alone, whatever it emitted): a step that
+    #: verifies more tokens never costs less than a plain one, nor a step that drafts
+    #: less than one that only looks up, so the ratio of yields bounds the gain
 
     def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
         self.trial = trial
@@ -314,7 +316,10 @@ class LoadLevel:
     def spec_yield(self) -> float | None:
         """Speculation's tokens per request and step over its recent trials (None: not
         measured yet)."""
-        s = self._sums[SPEC]
+        return self._yield(SPEC)
+
+    def _yield(self, mode: str) -> float | None:
+        s = self._sums[mode]
         return s[2] / s[3] if s[3] > 0 else None
 
     def _end_trial(self) -> None:
@@ -328,7 +333,7 @@ class LoadLevel:
             self._run[mode] = [0.0] * 4
         spec, plain = self.score[SPEC], self.score[PLAIN]
         ahead = spec is not None and plain is not None and spec >= self.SPEC_MARGIN * plain
-        best = SPEC if ahead and self.spec_yield >= self.SPEC_MARGIN else PLAIN
+        best = SPEC if ahead and self.spec_yield >= self.SPEC_MARGIN * self._yield(PLAIN) else PLAIN
         self.gap = min(2 * self.gap, self.max_gap) if best == self._last_best else self.min_gap
         self._last_best = best
         self._trial = False

@@ -369,7 +369,8 @@ class Transformer(nn.Module):
             x, stacked = stack.run(x, cos, sin, cache, layout.token_slots, layout.positions, inner)
             if len(inner) == len(hidden_layers):  # no embeddings among the taps: already stacked
                 hidden_layers, ready = (), stacked
-            taps.update((i, stacked[:, c]) for c, i in enumerate(inner))
+            else:
+                taps.update((i, stacked[:, c]) for c, i in enumerate(inner))
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, cache.k[i], cache.v[i], layout)

@@ -120,11 +120,19 @@ class ServingMetrics:
         self.speculating = Gauge(p + "spec_decode_speculating",
                                  "Whether the plain-decoding fallback lets a load level speculate now (1) or "
                                  "not (0), by running requests (\"lo-hi\").", ("requests",), c)
+        self.drafter_off_steps = Counter(p + "spec_decode_drafter_off_steps_total",
+                                         "Decode steps that speculated without the drafter because it measured "
+                                         "no faster than going without it at that load (the drafter governor; "
+                                         "hybrid drafting then looks up alone, a drafter alone decodes plain).",
+                                         const_labels=c)
+        self.drafter_on = Gauge(p + "spec_decode_drafter_on",
+                                "Whether the drafter governor runs the drafter at a load level now (1) or not "
+                                "(0), by running requests (\"lo-hi\").", ("requests",), c)
         self.live_ratio = Gauge(p + "step_time_live_ratio",
                                 "The live step-time curve over the profiled one, by token count (the counts "
                                 "the engine has run recently).", ("tokens",), c)
         self._engine_seen = {"errors": 0, "lookup": 0, "lookup_only": 0, "slow": 0, "refreshes": 0, "skips": 0,
-                             "fallback": 0, "prefix_queries": 0, "prefix_hits": 0}
+                             "fallback": 0, "drafter_off": 0, "prefix_queries": 0, "prefix_hits": 0}
         self._ece_at = float("-inf")
         #: position -> (predicted, observed, trials), refreshed with the gauges
         self.calibration_positions: dict[int, tuple[float, float, int]] = {}
@@ -135,7 +143,8 @@ class ServingMetrics:
                           self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                           self.kv_slots_used, self.drafter_requests,
                           self.drafter_errors, self.request_skips, self.threads, self.slow_windows,
-                          self.table_refreshes, self.fallback_steps, self.speculating, self.live_ratio,
+                          self.table_refreshes, self.fallback_steps, self.speculating, self.drafter_off_steps,
+                          self.drafter_on, self.live_ratio,
                           self.prefix_queries, self.prefix_hits]
         self._hybrid_families = [self.lookup_tokens, self.lookup_only, self.lookup_ece]
         self._calibration_families = [self.calibration_ece, self.predicted_acceptance, self.observed_acceptance]
@@ -220,6 +229,14 @@ class ServingMetrics:
             if refresh:
                 for level, st in governor.summary().items():
                     self.speculating.set(1.0 if st["mode"] == "speculative" else 0.0, requests=level)
+        drafter_governor = getattr(engine, "drafter_governor", None)
+        if drafter_governor is not None:
+            n = drafter_governor.steps("plain")
+            self.drafter_off_steps.inc(n - seen["drafter_off"])
+            seen["drafter_off"] = n
+            if refresh:
+                for level, st in drafter_governor.summary().items():
+                    self.drafter_on.set(1.0 if st["mode"] == "speculative" else 0.0, requests=level)
         live = getattr(engine, "live_table", None)
         if live is not None and refresh:
             ratio, fresh = live.target.ratio(), live.target.fresh()
