@@ -73,6 +73,9 @@ CONFIGS = {
     "dspark-off": dict(DEFAULT_SPECULATIVE, lookup=False),
     # the default with its drafter first below the fallback's levels (as before lookup alone first everywhere)
     "default-drafter-first": DEFAULT_SPECULATIVE,
+    # the same, tapping nothing for the drafter and keeping no context for it (what lookup alone costs in the hybrid
+    # without the drafter's machinery)
+    "default-lookup-alone-untapped": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
     "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
@@ -180,6 +183,9 @@ def main() -> int:
                 engine.runner.feed.feeding = lambda runner=engine.runner: runner.speculating
             if name in ("default-lookup-alone", "dspark-off"):
                 engine.drafter_governor.speculating = lambda n: False
+            if name == "default-lookup-alone-untapped":
+                engine.drafter_governor.speculating = lambda n: False
+                engine.runner.hidden_layers, engine.runner.feed = [], None
             if name == "default-drafter-first":
                 from dspark.engine.governor import SpecGovernor
 

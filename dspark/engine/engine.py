@@ -135,11 +135,11 @@ class LLMEngine:
                     # drafter once a trial shows it pays there (the first after the fourfold
                     # gap of a level that starts "plain"). On the CPUs measured the drafter
                     # alone ran below plain decoding at one request (0.966-0.986x), and the
-                    # hybrid that ran it first there stayed 1.3 % below priced lookup alone:
-                    # its trials' drafter-on stretches cost more than they found
-                    # (docs/benchmarks/drafter-governor.md). A drafter alone runs first
-                    # everywhere (off, its steps are plain decoding's, which the fallback's
-                    # own trials cover at its levels)
+                    # hybrid that ran it first there ran 0.5-1.3 % below the hybrid that
+                    # runs lookup first (docs/benchmarks/drafter-governor.md: its trials'
+                    # drafter-on stretches cost more than they found). A drafter alone runs
+                    # first everywhere (off, its steps are plain decoding's, which the
+                    # fallback's own trials cover at its levels)
                     self.drafter_governor = SpecGovernor(from_requests=1) if self.runner.lookup_rows \
                         else SpecGovernor()
             # with a table: against the profile (and it keeps the table true, unless the

@@ -56,8 +56,9 @@ plain decoding's efficiency ends there; at a level that started plain (where
 speculation is expected to lose) it ends there unless it is level with plain
 decoding (`EARLY_EXIT_PLAIN_START`). Speculation must lead by `SPEC_MARGIN` and must
 also have emitted that many times the other mode's tokens per request and step (plain
-decoding's one), a bound on its gain that drift does not move; a mode's score spans its recent trials (`HISTORY`), and the
-engine asks for the level its requests are about to decode at. The history of these
+decoding's one), a bound on its gain that drift does not move; a mode's score spans its
+recent trials (`HISTORY`), and the engine asks for the level its requests are about to
+decode at. The history of these
 choices, measured: docs/benchmarks/fallback.md and governed.md.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
@@ -188,8 +189,8 @@ class LoadLevel:
     #: besides its score, speculation is chosen only when its trials emitted at least
     #: SPEC_MARGIN times the other mode's tokens per request and step (plain decoding's
     #: one; the drafter governor's lookup alone, whatever it emitted): a step that
-    #: verifies more tokens never costs less than a plain one, nor a step that drafts
-    #: less than one that only looks up, so the ratio of yields bounds the gain
+    #: verifies more tokens never costs less than a plain one, and a step that drafts
+    #: rarely less than one that only looks up, so the ratio of yields bounds the gain
 
     def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
         self.trial = trial
