@@ -221,22 +221,18 @@ class ServingMetrics:
         drafter = runner.drafter
         now = time.monotonic()
         refresh = now - self._ece_at >= 1.0  # windowed figures: about once a second
-        governor = getattr(engine, "governor", None)
-        if governor is not None:
+        # the plain-decoding fallback, and the drafter governor (its "plain" mode: the drafter off)
+        for name, steps, mode, key in (("governor", self.fallback_steps, self.speculating, "fallback"),
+                                       ("drafter_governor", self.drafter_off_steps, self.drafter_on, "drafter_off")):
+            governor = getattr(engine, name, None)
+            if governor is None:
+                continue
             n = governor.steps("plain")
-            self.fallback_steps.inc(n - seen["fallback"])
-            seen["fallback"] = n
+            steps.inc(n - seen[key])
+            seen[key] = n
             if refresh:
                 for level, st in governor.summary().items():
-                    self.speculating.set(1.0 if st["mode"] == "speculative" else 0.0, requests=level)
-        drafter_governor = getattr(engine, "drafter_governor", None)
-        if drafter_governor is not None:
-            n = drafter_governor.steps("plain")
-            self.drafter_off_steps.inc(n - seen["drafter_off"])
-            seen["drafter_off"] = n
-            if refresh:
-                for level, st in drafter_governor.summary().items():
-                    self.drafter_on.set(1.0 if st["mode"] == "speculative" else 0.0, requests=level)
+                    mode.set(1.0 if st["mode"] == "speculative" else 0.0, requests=level)
         live = getattr(engine, "live_table", None)
         if live is not None and refresh:
             ratio, fresh = live.target.ratio(), live.target.fresh()
