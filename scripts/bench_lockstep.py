@@ -73,8 +73,8 @@ CONFIGS = {
     "dspark-off": dict(DEFAULT_SPECULATIVE, lookup=False),
     # the default with its drafter first below the fallback's levels (as before lookup alone first everywhere)
     "default-drafter-first": DEFAULT_SPECULATIVE,
-    # the same, tapping nothing for the drafter and keeping no context for it (what lookup alone costs in the hybrid
-    # without the drafter's machinery)
+    # the default held at lookup alone, tapping nothing for the drafter and keeping no context for it (what lookup
+    # alone costs in the hybrid without the drafter's machinery)
     "default-lookup-alone-untapped": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed

@@ -253,11 +253,11 @@ def test_speculation_that_emits_no_more_tokens_than_plain_decoding_is_never_chos
 def test_a_drafter_that_emits_no_more_tokens_than_lookup_alone_is_never_chosen():
     """The drafter governor's "plain" mode (lookup alone) emits more than a token per
     request and step; the drafter's yield must beat that one by SPEC_MARGIN, since a
-    step that drafts never costs less than one that only looks up. Scored ahead (a
+    step that drafts rarely costs less than one that only looks up. Scored ahead (a
     trial's timing noise) but emitting no more tokens, the drafter is not chosen."""
-    for spec_yield, want in ((1.3, PLAIN), (1.32, PLAIN), (1.5, SPEC)):
+    for spec_yield, want in ((1.3, PLAIN), (1.32, PLAIN), (1.5, SPEC)):  # 1.32 < 1.02 x 1.3
         gov = LoadLevel(8, 16, 256, 2, start=PLAIN)
-        late = _run(gov, 4000, spec_eff=1.4, plain_eff=1.3, requests=10, spec_yield=spec_yield,
+        late = _run(gov, 4000, spec_eff=1.4, plain_eff=1.3, requests=100, spec_yield=spec_yield,
                     plain_yield=1.3)[1000:]
         assert late.count(want) / len(late) > 0.85, spec_yield
 
