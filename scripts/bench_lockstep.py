@@ -181,10 +181,9 @@ def main() -> int:
                 engine.live_table.record_outside = lambda n, spec, sec, sel, *rest: lumped(n, spec, sec, sel)
             if name == "default-feeding":
                 engine.runner.feed.feeding = lambda runner=engine.runner: runner.speculating
-            if name in ("default-lookup-alone", "dspark-off"):
+            if name.startswith("default-lookup-alone") or name == "dspark-off":
                 engine.drafter_governor.speculating = lambda n: False
-            if name == "default-lookup-alone-untapped":
-                engine.drafter_governor.speculating = lambda n: False
+            if name.endswith("-untapped"):
                 engine.runner.hidden_layers, engine.runner.feed = [], None
             if name == "default-drafter-first":
                 from dspark.engine.governor import SpecGovernor

@@ -58,8 +58,8 @@ decoding (`EARLY_EXIT_PLAIN_START`). Speculation must lead by `SPEC_MARGIN` and 
 also have emitted that many times the other mode's tokens per request and step (plain
 decoding's one), a bound on its gain that drift does not move; a mode's score spans its
 recent trials (`HISTORY`), and the engine asks for the level its requests are about to
-decode at. The history of these
-choices, measured: docs/benchmarks/fallback.md and governed.md.
+decode at. The history of these choices, measured: docs/benchmarks/fallback.md and
+governed.md.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the

@@ -163,7 +163,7 @@ function drawFallback(st) {
   if (card.hidden) return;
   document.getElementById("fallback-note").textContent = f.from_requests === null
     ? "the plain-decoding fallback governs every load level; each starts with speculation. Scores: tokens per second over a plain step's, latest run of each mode"
-    : `the plain-decoding fallback decides the load levels in the table: those of ${f.from_requests} running requests and more start with plain decoding, and below them speculation runs unless the table lists the level. Where a step speculates, the drafter is governed the same way against its absence ("(drafter)" rows; off means prompt lookup alone with hybrid drafting, else a plain step; with hybrid drafting it starts off at the fallback's levels). Scores: tokens per second over a plain step's, latest run of each mode`;
+    : `the plain-decoding fallback decides the load levels in the table: those of ${f.from_requests} running requests and more start with plain decoding, and below them speculation runs unless the table lists the level. Where a step speculates, the drafter is governed the same way against its absence ("(drafter)" rows; off means prompt lookup alone with hybrid drafting, else a plain step; with hybrid drafting every level starts with it off). Scores: tokens per second over a plain step's, latest run of each mode`;
   const score = x => (x === null || x === undefined ? "–" : x.toFixed(3));
   const html = ["<tr><th>requests</th><th>now</th><th>score spec.</th><th>score plain</th><th>steps spec. / plain</th><th>switches</th></tr>"];
   for (const lv of f.levels) {
