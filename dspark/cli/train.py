@@ -113,7 +113,7 @@ def parse_layer_ids(text: str | None) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dspark.train import DistInfo, TrainConfig, Trainer
+    from dspark.train import DistInfo, TrainConfig
     from dspark.train.placement import device_for
 
     config = TrainConfig(
@@ -134,6 +134,15 @@ def run(args: argparse.Namespace) -> int:
     dist = DistInfo.from_env()
     if args.device is None:
         args.device = device_for(dist)
+    try:
+        return _train(args, config, dist)
+    finally:
+        dist.close()
+
+
+def _train(args: argparse.Namespace, config, dist) -> int:
+    from dspark.train import Trainer
+
     from .common import load_target
 
     target = load_target(args)

@@ -38,6 +38,13 @@ class DistInfo:
         if self.world_size > 1:
             torch_dist.barrier()
 
+    def close(self) -> None:
+        """Leave the process group. A gloo group left to the interpreter's exit can abort
+        the process after its work is done ("terminate called without an active
+        exception"), failing a finished run."""
+        if self.world_size > 1 and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
 
 def device_for(dist: DistInfo) -> str:
     if torch.cuda.is_available():
