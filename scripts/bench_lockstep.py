@@ -35,6 +35,10 @@ of its run's mean (0.993-0.999 over 4 repeats), the others at 1.001-1.002
 (benchmarks/avx2-s52/lanes_c4.txt): give --repeats at least the number of
 configurations, so that the rotation puts each one last once.
 
+`NAME@PRECISION` (e.g. `plain@bf16x`) runs configuration NAME on the target loaded in
+that precision instead of --dtype's, so that precisions are compared stepped in turn
+too; its ratio is still to `plain` in --dtype's precision.
+
 Stepping engines in turn shares the CPU caches between them (the target's weights are
 shared; each engine has its own KV cache): every configuration pays that alike. This
 measures the engine, not HTTP; `dspark bench sweep` measures a served point.
@@ -136,8 +140,9 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if any(n not in CONFIGS for n in names) or "plain" not in names or len(set(names)) != len(names):
-        print(f"error: --configs must name plain and others from {', '.join(CONFIGS)}, each once", file=sys.stderr)
+    if any(n.split("@")[0] not in CONFIGS for n in names) or "plain" not in names or len(set(names)) != len(names):
+        print(f"error: --configs must name plain and others from {', '.join(CONFIGS)} (each optionally "
+              f"@PRECISION), each once", file=sys.stderr)
         return 2
     if args.concurrency < 1 or args.num_prompts < 1 or args.max_tokens < 1 or args.repeats < 1:
         print("error: --concurrency, --num-prompts, --max-tokens and --repeats must be >= 1", file=sys.stderr)
@@ -152,7 +157,14 @@ def main() -> int:
     from dspark.runtime.target import Target
     from dspark.sampling import SamplingParams
 
-    target = Target.load(args.model, dtype=args.dtype, device="cpu", max_len=2048, log=print)
+    targets = {}
+    for precision in dict.fromkeys([args.dtype] + [n.split("@")[1] for n in names if "@" in n]):
+        try:
+            targets[precision] = Target.load(args.model, dtype=precision, device="cpu", max_len=2048, log=print)
+        except ValueError as e:  # an unknown precision, or one this CPU does not run
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    target = targets[args.dtype]
     prompts = [target.tokenizer.apply_chat_template(p.chat_messages())
                for p in heldout_prompts("mixed", args.num_prompts)]
     rng = random.Random(0)
@@ -162,9 +174,11 @@ def main() -> int:
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[: rep % len(names)]
         lanes = []
-        for name in order:
+        for lane_name in order:
+            name, _, precision = lane_name.partition("@")
             spec = SpeculativeConfig(**CONFIGS[name]) if CONFIGS[name] else None
-            engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=args.concurrency, max_model_len=2048))
+            engine = LLMEngine(targets[precision or args.dtype], spec,
+                               EngineConfig(max_num_seqs=args.concurrency, max_model_len=2048))
             engine.generate(prompts[: args.concurrency], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
             if name == "default-held-plain":
                 if engine.governor is None:
@@ -194,7 +208,7 @@ def main() -> int:
                 engine.drafter_governor = None
             if name.endswith("-uncached"):
                 engine.runner.prefix = None
-            lanes.append(Lane(name, engine, prompts, params, args.concurrency))
+            lanes.append(Lane(lane_name, engine, prompts, params, args.concurrency))
         rnd = 0
         while not all(lane.done() for lane in lanes):
             for lane in lanes if rnd % 2 == 0 else lanes[::-1]:

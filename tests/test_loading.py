@@ -59,6 +59,28 @@ def test_small_checkpoints_are_not_prepared(tiny_hf, tmp_path, monkeypatch):
     assert prepared.prepared_path(path, "fp32") is None
 
 
+def test_auto_weighs_decode_verification_and_batch_products_alike():
+    """The precision's cost is over products of 1, 8 and 32 rows: bf16x on an AMX Xeon
+    (measured there: slower for one row, 1.4x and 3.5x faster for 8 and 32) is picked,
+    where the 1- and 8-row sum the pick used to rest on sat at the 0.9 margin and
+    flipped from start to start; one clearly slower row count keeps bf16w."""
+    from dspark.runtime.loader import MEASURE_ROWS, pick_precision
+
+    assert MEASURE_ROWS == (1, 8, 32)
+
+    def point(**rows):
+        return {(n, m): t for n, ts in rows.items() for m, t in zip(MEASURE_ROWS, ts)}
+
+    amx = point(bf16x=(0.13, 0.13, 0.14), bf16w=(0.10, 0.18, 0.49), fp32=(0.24, 0.30, 0.53))
+    assert pick_precision(amx) == "bf16x"
+    assert (0.13 + 0.13) / (0.10 + 0.18) > 0.9  # the old rule's sum: no clear lead
+    assert pick_precision(point(bf16x=(0.20, 0.17, 0.45), bf16w=(0.10, 0.18, 0.49), fp32=(0.24, 0.30, 0.53))) == "bf16w"
+    # no bf16x (AVX2): bf16w unless fp32 is clearly faster
+    assert pick_precision(point(bf16w=(0.30, 0.40, 1.0), fp32=(0.56, 0.60, 1.1))) == "bf16w"
+    assert pick_precision(point(bf16w=(0.30, 0.40, 1.0), fp32=(0.25, 0.30, 0.9))) == "fp32"
+    assert pick_precision(point(bf16w=(0.30, 0.40, 1.0), fp32=(0.29, 0.38, 0.95))) == "bf16w"  # a near-tie
+
+
 def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
     from dspark.runtime import loader
 

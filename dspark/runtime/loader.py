@@ -126,12 +126,12 @@ def fp32_rows_invariant(width: int, rows: int = 8) -> bool:
 
 def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     """The fastest batch-invariant CPU precision for this model on this CPU, by a short
-    measurement (about a second): a decode-sized (1 row) and a verification-sized
-    (8 rows) product with the model's MLP shape, over distinct weights of some 128 MB in
-    fp32 so that they stream from memory as a model's do (one weight read again and
-    again stays in cache, where fp32 and bf16w run level), for bf16w (where the native
-    kernel builds), fp32, and bf16x where the CPU has AMX or avx512_bf16. Returns
-    (precision, a line saying what was measured)."""
+    measurement (about a second): products of the model's MLP shape with 1 row (a
+    decode step), 8 (a verification) and 32 (a batch or a prompt's chunk), over
+    distinct weights of some 128 MB in fp32 so that they stream from memory as a model's
+    do (one weight read again and again stays in cache, where fp32 and bf16w run level),
+    for bf16w (where the native kernel builds), fp32, and bf16x where the CPU has AMX or
+    avx512_bf16. Returns (precision, a line saying what was measured)."""
     best, line, _ = _measure_precisions(cfg, repeats)
     return best, line
 
@@ -141,17 +141,28 @@ def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
 MEASURE_BYTES = 128 << 20
 MEASURE_WEIGHTS_MAX = 16
 
+#: the rows of the measured products: a decode step, a verification, a batch or chunk
+MEASURE_ROWS = (1, 8, 32)
+
+#: untimed rounds before the timed ones: a freshly packed weight's first products run
+#: up to 2.5x slower (page faults, the tiles' first use; an AMX Xeon: 0.28 ms, then
+#: 0.17, 0.12, 0.11 for a 1-row product), which made every measurement there look noisy
+MEASURE_WARMUP = 4
+
 #: other processes' busy cores (dspark.profiling.measure.busy_cores) above which a
 #: precision measurement is not cached
 BUSY_CORES_LIMIT = 0.5
 
-#: a measurement whose timed runs vary more than this ((max - min) / median, for some
-#: precision) ran beside other work: used once, never cached
+#: a measurement whose timed runs vary more than this ((max - min) / median without
+#: the extremes, for some precision and rows) ran beside other work: used once, never
+#: cached
 PRECISION_NOISE = 0.5
 
 
 def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]:
-    """choose_precision's (precision, line), and whether the runs were steady."""
+    """choose_precision's (precision, line), and whether the runs were steady. The
+    rounds alternate the precisions, so that a machine's drift falls on all alike;
+    `pick_precision` weighs the times."""
     import time
 
     from . import cpu_kernels, cpu_matmul
@@ -164,40 +175,60 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     shape = (2 * cfg.intermediate_size, cfg.hidden_size)
     count = max(1, min(MEASURE_WEIGHTS_MAX, -(-MEASURE_BYTES // (4 * shape[0] * shape[1]))))
     ws = [torch.randn(*shape, generator=gen) * 0.02 for _ in range(count)]
-    xs = [torch.randn(m, cfg.hidden_size, generator=gen) for m in (1, 8)]
-    ms: dict[str, float] = {}
-    steady = True
+    xs = [torch.randn(m, cfg.hidden_size, generator=gen) for m in MEASURE_ROWS]
+    forwards: dict[str, list] = {}
+    for name in BATCH_INVARIANT_CPU:
+        if name == "bf16x" and (cpu_matmul.bf16x_kernel() is None or cfg.hidden_size % 32):
+            continue
+        fwds = []
+        for w in ws:
+            lin = torch.nn.Linear(cfg.hidden_size, shape[0], bias=False)
+            lin.weight = torch.nn.Parameter(w.to(torch.float32 if name == "fp32" else torch.bfloat16),
+                                            requires_grad=False)
+            fwds.append({"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward,
+                         "fp32": _F32PanelLinearForward}[name](lin))
+        forwards[name] = fwds
+    times: dict[tuple[str, int], list[float]] = {(n, m): [] for n in forwards for m in MEASURE_ROWS}
     with torch.inference_mode():
-        for name in BATCH_INVARIANT_CPU:
-            if name == "bf16x" and (cpu_matmul.bf16x_kernel() is None or cfg.hidden_size % 32):
-                continue
-            fwds = []
-            for w in ws:
-                lin = torch.nn.Linear(cfg.hidden_size, shape[0], bias=False)
-                lin.weight = torch.nn.Parameter(w.to(torch.float32 if name == "fp32" else torch.bfloat16),
-                                                requires_grad=False)
-                fwds.append({"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward,
-                             "fp32": _F32PanelLinearForward}[name](lin))
-            times = []
-            for r in range(repeats + 2):
-                t0 = time.perf_counter()
+        for r in range(MEASURE_WARMUP + repeats):
+            for name, fwds in forwards.items() if r % 2 == 0 else reversed(forwards.items()):
                 for x in xs:
+                    t0 = time.perf_counter()
                     for fwd in fwds:
                         fwd(x)
-                if r >= 2:
-                    times.append(time.perf_counter() - t0)
-            times.sort()
-            ms[name] = times[len(times) // 2] * 1e3 / len(fwds)  # per weight
-            steady = steady and (times[-1] - times[0]) * 1e3 <= PRECISION_NOISE * ms[name]
+                    if r >= MEASURE_WARMUP:
+                        times[name, len(x)].append((time.perf_counter() - t0) * 1e3 / len(fwds))  # per weight
+    point = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    # one run in seven may stray (a sub-millisecond timing on a shared machine): the
+    # spread is taken without each point's fastest and slowest run
+    steady = all(sorted(v)[-2] - sorted(v)[1] <= PRECISION_NOISE * point[k] for k, v in times.items())
+    best = pick_precision(point)
+    rows = "/".join(map(str, MEASURE_ROWS))
+    report = ", ".join(f"{n} {'/'.join(f'{point[n, m]:.2f}' for m in MEASURE_ROWS)} ms"
+                       for n in sorted(forwards, key=lambda n: point[n, 1]))
+    return best, f"dtype auto: {best} (matmuls of {rows} rows: {report})", steady
+
+
+def pick_precision(point: dict[tuple[str, int], float]) -> str:
+    """The precision of the measured products' times (`point[precision, rows]`, ms;
+    bf16w and fp32 always, bf16x where it runs): each one's cost is the geometric mean
+    over MEASURE_ROWS, so that decode, verification and batched steps weigh alike
+    whatever their scale. One row alone misses what AMX tiles do for several: on a
+    2-core AMX Xeon bf16x took 1.3x bf16w's time for 1 row, 0.8x for 8 and 0.3x for 32,
+    and served the default configuration 1.07x faster at one request
+    (docs/benchmarks/cpu-kinds.md, last section)."""
+    import math
+
+    names = {n for n, _ in point}
+    ms = {n: math.exp(sum(math.log(point[n, m]) for m in MEASURE_ROWS) / len(MEASURE_ROWS)) for n in names}
     # bf16w first unless fp32 is clearly faster, so a near-tie does not flip the
     # precision (and the outputs) from one start to the next.
     best = "bf16w" if ms["bf16w"] <= 1.1 * ms["fp32"] else "fp32"
     # bf16x (AMX or avx512_bf16) where it is clearly faster: several times faster for
-    # multi-token steps and prefill (served: BENCHMARKS.md "bf16x")
+    # multi-token steps and prefill on AMX (served: BENCHMARKS.md "bf16x")
     if "bf16x" in ms and ms["bf16x"] <= 0.9 * ms[best]:
         best = "bf16x"
-    report = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(ms.items(), key=lambda kv: kv[1]))
-    return best, f"dtype auto: {best} (decode-sized matmuls: {report})", steady
+    return best
 
 
 def _precision_cache_file(cfg: ModelConfig) -> Path:
@@ -211,7 +242,8 @@ def _precision_cache_file(cfg: ModelConfig) -> Path:
     from .default_model import cache_root
 
     kernels = cpu_kernels.build_id() if cpu_kernels.available() else "-"
-    key = f"{machine_id()}|{torch.__version__}|{kernels}|{cfg.hidden_size}x{cfg.intermediate_size}"
+    key = (f"{machine_id()}|{torch.__version__}|{kernels}|{cfg.hidden_size}x{cfg.intermediate_size}"
+           f"|rows {MEASURE_ROWS}")  # a pick by an older measurement is measured again
     return cache_root() / "precision" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
 
 
