@@ -63,7 +63,8 @@ def test_auto_weighs_decode_verification_and_batch_products_alike():
     """The precision's cost is over products of 1, 8 and 32 rows: bf16x on an AMX Xeon
     (measured there: slower for one row, 1.4x and 3.5x faster for 8 and 32) is picked,
     where the 1- and 8-row sum the pick used to rest on sat at the 0.9 margin and
-    flipped from start to start; one clearly slower row count keeps bf16w."""
+    flipped from start to start; a bf16x that leads by little at 8 and 32 rows but
+    takes twice bf16w's time at one keeps bf16w."""
     from dspark.runtime.loader import MEASURE_ROWS, pick_precision
 
     assert MEASURE_ROWS == (1, 8, 32)

@@ -145,7 +145,7 @@ MEASURE_WEIGHTS_MAX = 16
 MEASURE_ROWS = (1, 8, 32)
 
 #: untimed rounds before the timed ones: a freshly packed weight's first products run
-#: up to 2.5x slower (page faults, the tiles' first use; an AMX Xeon: 0.28 ms, then
+#: up to 2.6x slower (page faults, the tiles' first use; an AMX Xeon: 0.28 ms, then
 #: 0.17, 0.12, 0.11 for a 1-row product), which made every measurement there look noisy
 MEASURE_WARMUP = 4
 
@@ -214,9 +214,9 @@ def pick_precision(point: dict[tuple[str, int], float]) -> str:
     bf16w and fp32 always, bf16x where it runs): each one's cost is the geometric mean
     over MEASURE_ROWS, so that decode, verification and batched steps weigh alike
     whatever their scale. One row alone misses what AMX tiles do for several: on a
-    2-core AMX Xeon bf16x took 1.3x bf16w's time for 1 row, 0.8x for 8 and 0.3x for 32,
-    and served the default configuration 1.07x faster at one request
-    (docs/benchmarks/cpu-kinds.md, last section)."""
+    2-core AMX Xeon bf16x took 1.2-1.4x bf16w's time for 1 row, 0.7-0.8x for 8 and 0.3x
+    for 32, and ran the default configuration 1.09x faster at one request and 1.9x at
+    32, engine alone (docs/benchmarks/cpu-kinds.md, last section)."""
     import math
 
     names = {n for n, _ in point}
