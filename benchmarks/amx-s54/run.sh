@@ -18,3 +18,5 @@ python3 scripts/bench_lockstep.py --configs plain,default,dspark,lookup-priced-f
 # sixteen requests: would speculation the fallback holds off pay here? (`hybrid`: the default's drafting, never governed)
 python3 scripts/bench_lockstep.py --configs plain,default,hybrid,plain-again --concurrency 16 --num-prompts 64 --max-tokens 96 --length-spread 0.5 --repeats 4 --json $D/ungoverned_c16.json > $D/ungoverned_c16.txt
 sh benchmarks/amx-s54/served.sh  # served, both servers up, rounds alternating: c1/4/16/32
+# thirty-two requests again: the default, and held in plain mode (its machinery alone, no tail speculation)
+python3 scripts/bench_lockstep.py --configs plain,default,default-held-plain,plain-again --concurrency 32 --num-prompts 128 --max-tokens 96 --length-spread 0.5 --repeats 4 --json $D/held_c32.json > $D/held_c32.txt
