@@ -230,7 +230,7 @@ def main() -> int:
             f"{1e3 * (run[n]['seconds'] - run[n]['target_seconds']) / run[n]['steps']:.2f} ms outside a step)"
             for n in names), flush=True)
         for lane in lanes:
-            if lane.engine.governor is not None and lane.name != "default-held-plain":
+            if lane.engine.governor is not None and lane.name.partition("@")[0] != "default-held-plain":
                 print(f"  {lane.name} governor " + json.dumps(lane.engine.governor.summary()), flush=True)
             if lane.engine.drafter_governor is not None:
                 print(f"  {lane.name} drafter governor " + json.dumps(lane.engine.drafter_governor.summary()),

@@ -126,7 +126,7 @@ def fp32_rows_invariant(width: int, rows: int = 8) -> bool:
 
 def choose_precision(cfg: ModelConfig, repeats: int = 7) -> tuple[str, str]:
     """The fastest batch-invariant CPU precision for this model on this CPU, by a short
-    measurement (about a second): products of the model's MLP shape with 1 row (a
+    measurement (1-2 s): products of the model's MLP shape with 1 row (a
     decode step), 8 (a verification) and 32 (a batch or a prompt's chunk), over
     distinct weights of some 128 MB in fp32 so that they stream from memory as a model's
     do (one weight read again and again stays in cache, where fp32 and bf16w run level),
