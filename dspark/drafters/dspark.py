@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dspark.runtime.cpu_kernels import topk_rows
 from dspark.runtime.model import RMSNorm
 from dspark.runtime.native_stack import NativeStack
 from dspark.runtime.weight_formats import linear_input_dtype
@@ -251,8 +252,7 @@ class DSparkDrafter(KVDrafter):
         num_cand = self.markov_candidates
         if mk is not None and 0 < num_cand < base.shape[-1]:
             # The candidates' base logits, target ids and W2 rows for every position at once
-            cand = base.topk(num_cand, dim=-1).indices  # [R, n, C]
-            base_cand = base.gather(-1, cand)  # [R, n, C]
+            base_cand, cand = topk_rows(base, num_cand)  # [R, n, C] each, best first
             cand_target = self.to_target_ids(cand)  # [R, n, C]
             w2c = mk.markov_w2.weight[cand].to(mk.markov_w1.weight.dtype)  # [R, n, C, rank]
             if mk.kind == "vanilla":  # every row the draft can need, precomputed (markov_walk.py)

@@ -7,7 +7,8 @@
   reading the weights: bf16w reads half the bytes of fp32;
 - `attention_f32` (kernels/attention_f32.c): writes a step's keys and values into the
   KV cache and attends, each token over its own slot's positions.
-- `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_` (kernels/elementwise_f32.c).
+- `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_`, `argmax_rows` (kernels/elementwise_f32.c).
+- `topk_rows` (kernels/select_f32.c): a draft's candidates, the top C of each row.
 - `dspark_decoder_layers` (kernels/decoder_f32.c): all of a native model's decoder
   layers through the kernels above in one call (`native_stack.NativeStack`).
 
@@ -36,7 +37,7 @@ import torch
 
 _SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_f32w.c",
                                                                   "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c",
-                                                                  "decoder_f32.c")]
+                                                                  "decoder_f32.c", "select_f32.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
@@ -130,6 +131,8 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_gemm_bf16x_packed.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.dspark_gemm_bf16x_packed.restype = None
     lib.dspark_argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.dspark_topk_f32.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int]
+    lib.dspark_topk_f32.restype = ctypes.c_int
     for name in ("dspark_rmsnorm_f32", "dspark_silu_mul_f32", "dspark_rope_f32", "dspark_argmax_f32"):
         getattr(lib, name).restype = None
     _lib = lib
@@ -196,6 +199,24 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows.shape[0], dtype=torch.int64)
     lib.dspark_argmax_f32(rows.data_ptr(), rows.shape[0], rows.shape[1], out.data_ptr(), torch.get_num_threads())
     return out.view(x.shape[:-1])
+
+
+def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x.topk(k, dim=-1)` (values, int64 indices; descending, equal values by ascending
+    index), through the native kernel for fp32 CPU rows, and torch otherwise (and for
+    rows holding a NaN). About 20 us a row of 8192 in torch, a few here."""
+    lib = load()
+    n = x.shape[-1] if x.dim() else 0
+    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or not 0 < k <= min(n, 1024)
+            or n >= 2 ** 31 or x.requires_grad):
+        return x.topk(k, dim=-1)
+    rows = x.reshape(-1, n).contiguous()
+    vals = torch.empty(rows.shape[0], k, dtype=torch.float32)
+    idx = torch.empty(rows.shape[0], k, dtype=torch.int64)
+    if lib.dspark_topk_f32(rows.data_ptr(), rows.shape[0], n, k, vals.data_ptr(), idx.data_ptr(),
+                           torch.get_num_threads()):
+        return x.topk(k, dim=-1)
+    return vals.view(*x.shape[:-1], k), idx.view(*x.shape[:-1], k)
 
 
 def rmsnorm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
