@@ -235,7 +235,7 @@ class LLMEngine:
             soon = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
             was = runner.speculating
             runner.speculating = self.governor.speculating(soon)
-            if self.drafter_governor is not None:
+            if self.drafter_governor is not None and runner.speculating:  # (a plain step drafts nothing)
                 runner.drafter_on = self.drafter_governor.speculating(soon)
             if runner.speculating and not was and self.live_table is not None:
                 self.live_table.publish()  # plain-mode steps were recorded unpublished
