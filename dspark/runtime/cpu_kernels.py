@@ -207,7 +207,7 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows holding a NaN). About 20 us a row of 8192 in torch, a few here."""
     lib = load()
     n = x.shape[-1] if x.dim() else 0
-    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or not 0 < k <= min(n, 1024)
+    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or not 0 < k <= min(n, 1020)
             or n >= 2 ** 31 or x.requires_grad):
         return x.topk(k, dim=-1)
     rows = x.reshape(-1, n).contiguous()
