@@ -42,7 +42,9 @@ def test_native_drafter_block_and_context_equal_the_torch_path(precision, reques
                 lens = [drafter.context_length(i) for i in ids]
                 kv = [t[s, :, :n].clone() for t in (*drafter.pool.k, *drafter.pool.v) for s, n in zip(slots, lens)]
                 reqs = [DraftRequest(i, 16 + j, n, SamplingParams(), None) for j, (i, n) in enumerate(zip(ids, lens))]
+                drafter.greedy_logits = True  # (the engine's drafter leaves a greedy draft's q out)
                 block = drafter.draft(reqs, 7)
+                drafter.greedy_logits = False
             engine.step()
             steps += 1
         runs[native] = ([s.output_ids for s in seqs], steps, kv, block, drafter.__dict__.get("_native_stack"))

@@ -111,6 +111,11 @@ class Drafter(torch.nn.Module):
     #: True: no weights, a draft costs about a lookup (prompt lookup): nothing to
     #: profile, and the engine's gates hold requests back only under load
     weightless: bool = False
+    #: False: a draft whose requests are all greedy may return no logits (greedy
+    #: verification reads the drafted tokens alone, and a [requests, tokens, vocabulary]
+    #: tensor of -inf costs a one-request DSpark draft 50-60 us); the engine turns it off,
+    #: callers that read a greedy draft's q keep it on. Drafters may ignore it.
+    greedy_logits: bool = True
 
     def reserve(self, num_slots: int, max_len: int) -> None:
         """Size the drafter's per-request memory (at most `num_slots` live requests of up

@@ -251,6 +251,7 @@ class DSparkDrafter(KVDrafter):
                 used = torch.zeros(r, num_tokens, dtype=torch.bool, device=dev)
 
         look_used = (look_tok, used) if used is not None else None
+        want_logits = self.greedy_logits or not all(req.params.greedy for req in requests)
         num_cand = self.markov_candidates
         if mk is not None and 0 < num_cand < base.shape[-1]:
             # The candidates' base logits, target ids and W2 rows for every position at once
@@ -265,11 +266,13 @@ class DSparkDrafter(KVDrafter):
                 out_tokens, step_logits, latents = self._walk(h, base_cand, anchors, requests, look_used,
                                                               (cand_target, w2c))
             # the restricted distribution over the target vocabulary: -inf but at the candidates
-            full = step_logits.new_full((r, num_tokens, self.config.vocab_size), float("-inf"))
-            out_logits = full.scatter_(2, cand_target, step_logits)
+            out_logits = None
+            if want_logits:
+                full = step_logits.new_full((r, num_tokens, self.config.vocab_size), float("-inf"))
+                out_logits = full.scatter_(2, cand_target, step_logits)
         else:
             out_tokens, step_logits, latents = self._walk(h, base, anchors, requests, look_used)
-            out_logits = self.to_target_logits(step_logits)
+            out_logits = self.to_target_logits(step_logits) if want_logits else None
         conf = None
         if self.confidence_head is not None:
             conf = self.confidence_head(h, latents)
@@ -277,7 +280,7 @@ class DSparkDrafter(KVDrafter):
             return DraftOutput(out_tokens, out_logits, conf)
         # A lookup token's q is a point mass; its confidence is lookup's own.
         rows, ks = used.nonzero(as_tuple=True)
-        if rows.numel():
+        if rows.numel() and out_logits is not None:
             out_logits = out_logits.clone() if out_logits is step_logits else out_logits
             out_logits[rows, ks] = float("-inf")
             out_logits[rows, ks, out_tokens[rows, ks]] = 0.0

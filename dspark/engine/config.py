@@ -242,6 +242,7 @@ def build_drafter(spec: SpeculativeConfig, target):
         drafter = load_drafter(path, target.model)
     if spec.markov_candidates is not None:
         drafter.markov_candidates = spec.markov_candidates
+    drafter.greedy_logits = False  # the engine reads a greedy draft's tokens alone
     precision = getattr(target.model, "precision", None)
     if precision in ("bf16w", "bf16x"):
         # the target's weight format for the drafter's linears too: a draft reads its
