@@ -6,13 +6,14 @@ drafted for --requests requests; that draft call is then replayed. The earlier
 revision's `dspark/drafters/dspark.py` is loaded beside the current one and called
 as the same drafter's method, so both read the same weights and KV cache.
 
-Sameness: --trials randomized drafts (greedy and sampled alternately, the sampled ones
+Sameness (q built for greedy drafts too): --trials randomized drafts (greedy and sampled alternately, the sampled ones
 with the same seeds; two in three with lookup proposals of random length and
 confidence) count the drafts whose tokens, lookup counts or confidences (to 1e-5)
 differ, and report the largest difference of their finite logits (the set of finite
 logits must be the same). Speed: each call's median time, the two called alternately
 so that the machine's drift falls on both alike, at one request and at all of them,
-with empty lookup proposals (the common case at one request) and without lookup.
+with empty lookup proposals (the common case at one request) and without lookup, each
+as the engine calls it (`greedy_logits` as the engine sets it).
 
     python3 scripts/bench_draft_ab.py --before d0f1e7c
     python3 scripts/bench_draft_ab.py --before e7373d0 --trials 200 --requests 3
@@ -64,6 +65,8 @@ def capture(num_requests: int):
     engine = LLMEngine(target, SpeculativeConfig(**DEFAULT_SPECULATIVE),
                        EngineConfig(max_num_seqs=num_requests, max_model_len=2048))
     engine.governor.speculating = lambda n: True
+    if engine.drafter_governor is not None:  # the drafter on wherever it may run
+        engine.drafter_governor.speculating = lambda n: True
     inner = engine.runner.drafter.inner
     captured, draft = [], inner.draft
 
@@ -148,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     def old_draft(rs, k, lookup=None):
         return old_cls.draft(inner, rs, k, lookup=lookup)
 
+    engine_setting, inner.greedy_logits = inner.greedy_logits, True  # both give q, to compare it
     differ, worst = compare(inner, old_draft, new_draft, reqs, n, args.trials)
+    inner.greedy_logits = engine_setting  # timed as the engine drafts
     print(f"{len(reqs)} requests, {n} tokens: {differ} of {args.trials} randomized drafts differ in tokens, "
           f"lookup counts or confidences; largest logit difference {worst:.2e}")
     for rr in (reqs[:1], reqs) if len(reqs) > 1 else (reqs,):
