@@ -88,3 +88,17 @@ def make_tiny_hf_model(kind: str, path, seed: int = 0, tie: bool = False):
 def tiny_hf(request, tmp_path):
     model = make_tiny_hf_model(request.param, tmp_path / request.param)
     return request.param, tmp_path / request.param, model
+
+
+def drafter_after_prompt(target, drafter, prompt: str):
+    """`drafter` holding one request "r" whose context is `prompt` (chat-templated) run
+    through `target`; returns (prompt ids, the target's next token: the anchor)."""
+    from dspark.runtime.batch import FlatBatch
+
+    ids = target.tokenizer.chat_prompt(prompt)
+    cache = target.new_cache(1, 256)
+    batch = FlatBatch.from_requests([ids], [0], [cache.allocate(0)], logits="last")
+    logits, hidden = target.model(batch, cache, hidden_layers=drafter.target_layer_ids)
+    drafter.add_request("r")
+    drafter.append_context(["r"], [ids], [0], hidden)
+    return ids, int(logits[0].argmax())

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from conftest import drafter_after_prompt
 from safetensors.torch import load_file, save_file
 
 from dspark.drafters import (
@@ -478,20 +479,12 @@ def test_spread_layer_ids():
 
 @pytest.mark.slow
 def test_default_model_drafters(default_target):
-    from dspark.runtime.batch import FlatBatch as Batch
-
     tgt = default_target
-    ids = tgt.tokenizer.chat_prompt("Count from one to twenty: one, two, three, four,")
     d = create_drafter("dspark", tgt)
     assert d.config.mask_token_id == 16  # <empty_output>, never produced in chat
     assert create_drafter("eagle3", tgt).target_layer_ids == [1, 14, 27]
     assert create_drafter("mtp", tgt).target_layer_ids == [29]
-    cache = tgt.new_cache(1, 256)
-    batch = Batch.from_requests([ids], [0], [cache.allocate(0)], logits="last")
-    logits, hidden = tgt.model(batch, cache, hidden_layers=d.target_layer_ids)
-    anchor = int(logits[0].argmax())
-    d.add_request("r")
-    d.append_context(["r"], [ids], [0], hidden)
+    ids, anchor = drafter_after_prompt(tgt, d, "Count from one to twenty: one, two, three, four,")
     out = d.draft([DraftRequest("r", anchor, len(ids), SamplingParams(), None)], d.max_draft_tokens)
     assert out.tokens.shape == (1, 7) and out.logits.shape == (1, 7, tgt.cfg.vocab_size)
     assert (torch.isfinite(out.logits).sum(-1) == d.markov_candidates).all()  # the candidates

@@ -6,27 +6,21 @@ decoding's."""
 from __future__ import annotations
 
 import torch
+from conftest import drafter_after_prompt
 
 from dspark.drafters.base import DraftRequest
 from dspark.drafters.factory import create_drafter
 from dspark.engine.config import SpeculativeConfig
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.generate import generate_plain
-from dspark.runtime.batch import FlatBatch
 from dspark.sampling import SamplingParams
 
 
 def test_a_greedy_block_leaves_q_out_only_where_asked(default_target):
     tgt = default_target
-    ids = tgt.tokenizer.chat_prompt("Count from one to twenty: one, two, three, four,")
     d = create_drafter("dspark", tgt)
     assert d.greedy_logits  # by default every caller gets q
-    cache = tgt.new_cache(1, 256)
-    batch = FlatBatch.from_requests([ids], [0], [cache.allocate(0)], logits="last")
-    logits, hidden = tgt.model(batch, cache, hidden_layers=d.target_layer_ids)
-    anchor = int(logits[0].argmax())
-    d.add_request("r")
-    d.append_context(["r"], [ids], [0], hidden)
+    ids, anchor = drafter_after_prompt(tgt, d, "Count from one to twenty: one, two, three, four,")
 
     def block(params, generator=None):
         return d.draft([DraftRequest("r", anchor, len(ids), params, generator)], d.max_draft_tokens)
