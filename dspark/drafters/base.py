@@ -113,7 +113,7 @@ class Drafter(torch.nn.Module):
     weightless: bool = False
     #: False: a draft whose requests are all greedy may return no logits (greedy
     #: verification reads the drafted tokens alone, and a [requests, tokens, vocabulary]
-    #: tensor of -inf costs a one-request DSpark draft 50-60 us); the engine turns it off,
+    #: tensor of -inf costs a one-request DSpark draft about 50 us); the engine turns it off,
     #: callers that read a greedy draft's q keep it on. Drafters may ignore it.
     greedy_logits: bool = True
 

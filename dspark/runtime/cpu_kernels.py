@@ -204,7 +204,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`x.topk(k, dim=-1)` (values, int64 indices; descending, equal values by ascending
     index), through the native kernel for fp32 CPU rows, and torch otherwise (and for
-    rows holding a NaN). About 20 us a row of 8192 in torch, a few here."""
+    rows holding a NaN). About 20 us a row of 8192 in torch, about 10 here."""
     lib = load()
     n = x.shape[-1] if x.dim() else 0
     if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or not 0 < k <= min(n, 1020)
