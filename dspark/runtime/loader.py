@@ -198,10 +198,11 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
                         fwd(x)
                     if r >= MEASURE_WARMUP:
                         times[name, len(x)].append((time.perf_counter() - t0) * 1e3 / len(fwds))  # per weight
-    point = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    runs = {k: sorted(v) for k, v in times.items()}
+    point = {k: v[len(v) // 2] for k, v in runs.items()}
     # one run in seven may stray (a sub-millisecond timing on a shared machine): the
     # spread is taken without each point's fastest and slowest run
-    steady = all(sorted(v)[-2] - sorted(v)[1] <= PRECISION_NOISE * point[k] for k, v in times.items())
+    steady = all(v[-2] - v[1] <= PRECISION_NOISE * point[k] for k, v in runs.items())
     best = pick_precision(point)
     rows = "/".join(map(str, MEASURE_ROWS))
     report = ", ".join(f"{n} {'/'.join(f'{point[n, m]:.2f}' for m in MEASURE_ROWS)} ms"

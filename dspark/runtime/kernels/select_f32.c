@@ -1,7 +1,7 @@
 /* The C largest entries of each fp32 row, for AVX2: a draft restricts each position to
  * the top C of its logits over the draft vocabulary (C = 64 of 8192 for the shipped
  * drafter). torch's topk takes about 20 us a row there on these CPUs; this about 10
- * (on a draft's logits: 66-70 us for a one-request draft's 7 rows, torch 147).
+ * (on a draft's logits: 64-66 us for a one-request draft's 7 rows, torch 133-137).
  *
  * A row takes two vector passes and two counting searches, with few branches that
  * depend on the data (mispredicted branches, not arithmetic, were the cost):
@@ -14,7 +14,8 @@
  * The C-th largest of a few hundred values is found by a binary search over the
  * values' order-preserving integer keys, counting eight keys per instruction.
  * Where more entries reach t than the buffer holds (rows with very many equal
- * values), the buffer is cut to its C best by quickselect and t rises.
+ * values), the buffer is cut to its C best the same way (keeping index order) and t
+ * rises to the C-th.
  *
  * Order: descending value, and among equal values ascending index (a total order, so
  * the result is a function of the row alone). A row holding a NaN is left to the
@@ -72,61 +73,36 @@ static int32_t kth_largest_key(const int32_t *keys, int64_t n, int64_t c) {
     return (int32_t)lo;
 }
 
-/* entry a ranks above entry b */
-static inline int above(float av, int32_t ai, float bv, int32_t bi) {
-    return av > bv || (av == bv && ai < bi);
+/* The float of a key (key_of's inverse, +0 for 0). */
+static inline float value_of(int32_t key) {
+    int32_t b = key < 0 ? key ^ 0x7fffffff : key;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
 }
 
-static inline void swap(float *v, int32_t *ix, int64_t a, int64_t b) {
-    float tv = v[a]; v[a] = v[b]; v[b] = tv;
-    int32_t ti = ix[a]; ix[a] = ix[b]; ix[b] = ti;
-}
-
-/* Reorder v/ix[0:n) so that its first c entries are its c best (any order). */
-static void select_best(float *v, int32_t *ix, int64_t n, int64_t c) {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;  /* median of three as the pivot, moved to hi */
-        if (above(v[mid], ix[mid], v[lo], ix[lo])) swap(v, ix, mid, lo);
-        if (above(v[hi], ix[hi], v[lo], ix[lo])) swap(v, ix, hi, lo);
-        if (above(v[mid], ix[mid], v[hi], ix[hi])) swap(v, ix, mid, hi);
-        float pv = v[hi];
-        int32_t pi = ix[hi];
-        int64_t store = lo;
-        for (int64_t i = lo; i < hi; i++)
-            if (above(v[i], ix[i], pv, pi)) swap(v, ix, i, store++);
-        swap(v, ix, store, hi);  /* the pivot's final place */
-        if (store == c - 1 || store == c) return;
-        if (store < c) lo = store + 1;
-        else hi = store - 1;
+/* Keep the c best of v/ix[0:n) (c <= n) at its front, in their order: the entries above
+ * the c-th largest value T and the first entries equal to T. Entries collected in index
+ * order stay so, which ranks equal values by index. `keys`: scratch for n + 8 ints.
+ * Returns T. */
+static float keep_best(float *v, int32_t *ix, int64_t n, int64_t c, int32_t *keys) {
+    for (int64_t i = 0; i < n; i++) keys[i] = key_of(v[i]);
+    for (int64_t i = n; i < ((n + 7) & ~(int64_t)7); i++) keys[i] = INT32_MIN;
+    int32_t T = kth_largest_key(keys, n, c);
+    int64_t greater = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) greater += keys[i] > T;
+    int64_t equal_left = c - greater;
+    for (int64_t i = 0; i < n; i++) {
+        int take = keys[i] > T || (keys[i] == T && equal_left > 0);
+        equal_left -= keys[i] == T && take;
+        v[m] = v[i];
+        ix[m] = ix[i];
+        m += take;
     }
+    return value_of(T);
 }
 
-/* Sort v/ix[0:n) best first (insertion: n is C, a few dozen). */
-static void sort_best(float *v, int32_t *ix, int64_t n) {
-    for (int64_t i = 1; i < n; i++) {
-        float tv = v[i];
-        int32_t ti = ix[i];
-        int64_t j = i - 1;
-        while (j >= 0 && above(tv, ti, v[j], ix[j])) {
-            v[j + 1] = v[j];
-            ix[j + 1] = ix[j];
-            j--;
-        }
-        v[j + 1] = tv;
-        ix[j + 1] = ti;
-    }
-}
-
-/* Cut the buffer to its c best; returns the smallest value kept. */
-static float cut(float *v, int32_t *ix, int64_t n, int64_t c) {
-    select_best(v, ix, n, c);
-    float t = v[0];
-    for (int64_t i = 1; i < c; i++) t = v[i] < t ? v[i] : t;
-    return t;
-}
-
-/* The C best of one row (C <= K, 8 * C <= MAX_BLOCKS, 2 * C + 8 <= BUF) into
+/* The C best of one row (C <= K, 8 * C <= MAX_BLOCKS, C + 8 <= BUF) into
  * vals/idx; 1 if the row holds a NaN. */
 static int topk_row(const float *x, int64_t K, int64_t C, float *vals, int64_t *idx) {
     int32_t keys[MAX_BLOCKS + 8];
@@ -159,24 +135,17 @@ static int topk_row(const float *x, int64_t K, int64_t C, float *vals, int64_t *
     }
     if (_mm256_movemask_ps(nan)) return 1;
     for (int64_t b = nb; b < ((nb + 7) & ~(int64_t)7); b++) keys[b] = INT32_MIN;
-    int32_t tk = kth_largest_key(keys, nb, C);
-    float t;
-    {
-        int32_t b = tk < 0 ? tk ^ 0x7fffffff : tk;
-        memcpy(&t, &b, 4);
-    }
-    /* 2. every entry >= t, packed */
+    float t = value_of(kth_largest_key(keys, nb, C));
+    /* 2. every entry >= t, packed, in index order (the keys are scratch from here on) */
     int64_t n = 0, k = 0;
-    int cut_once = 0;
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (; k + 8 <= K; k += 8) {
         __m256 xv = _mm256_loadu_ps(x + k);
         int mask = _mm256_movemask_ps(_mm256_cmp_ps(xv, _mm256_set1_ps(t), _CMP_GE_OQ));
         if (!mask) continue;
         if (n + 8 > BUF) {  /* keep the C best; later entries must reach the C-th */
-            t = cut(bv, bi, n, C);
+            t = keep_best(bv, bi, n, C, keys);
             n = C;
-            cut_once = 1;
             mask = _mm256_movemask_ps(_mm256_cmp_ps(xv, _mm256_set1_ps(t), _CMP_GE_OQ));
         }
         __m256i perm = _mm256_loadu_si256((const __m256i *)pack_lut[mask]);
@@ -186,49 +155,28 @@ static int topk_row(const float *x, int64_t K, int64_t C, float *vals, int64_t *
         n += __builtin_popcount(mask);
     }
     for (; k < K; k++) {
-        if (x[k] >= t) {
-            if (n == BUF) {
-                t = cut(bv, bi, n, C);
-                n = C;
-                cut_once = 1;
-                if (x[k] < t) continue;
-            }
-            bv[n] = x[k];
-            bi[n++] = (int32_t)k;
+        if (x[k] < t) continue;
+        if (n == BUF) {
+            t = keep_best(bv, bi, n, C, keys);
+            n = C;
+            if (x[k] < t) continue;
         }
+        bv[n] = x[k];
+        bi[n++] = (int32_t)k;
     }
-    /* 3. the C best, sorted */
-    if (cut_once) {  /* the buffer is no longer in index order */
-        select_best(bv, bi, n, C);
-        sort_best(bv, bi, C);
-    } else {
-        int32_t *ck = keys;  /* the maxima's keys are done with */
-        for (int64_t i = 0; i < n; i++) ck[i] = key_of(bv[i]);
-        for (int64_t i = n; i < ((n + 7) & ~(int64_t)7); i++) ck[i] = INT32_MIN;
-        int32_t T = kth_largest_key(ck, n, C);
-        int64_t greater = 0, m = 0;
-        for (int64_t i = 0; i < n; i++) greater += ck[i] > T;
-        int64_t equal_left = C - greater;
-        for (int64_t i = 0; i < n; i++) {  /* in index order: the first entries equal to T win */
-            int take = ck[i] > T || (ck[i] == T && equal_left > 0);
-            equal_left -= ck[i] == T && take;
-            bv[m] = bv[i];
-            bi[m] = bi[i];
-            m += take;
+    /* 3. the C best, sorted by value, stably: equal values keep their index order */
+    keep_best(bv, bi, n, C, keys);
+    for (int64_t i = 1; i < C; i++) {
+        float tv = bv[i];
+        int32_t ti = bi[i];
+        int64_t j = i - 1;
+        while (j >= 0 && bv[j] < tv) {
+            bv[j + 1] = bv[j];
+            bi[j + 1] = bi[j];
+            j--;
         }
-        /* stable insertion by value: equal values keep their index order */
-        for (int64_t i = 1; i < C; i++) {
-            float tv = bv[i];
-            int32_t ti = bi[i];
-            int64_t j = i - 1;
-            while (j >= 0 && bv[j] < tv) {
-                bv[j + 1] = bv[j];
-                bi[j + 1] = bi[j];
-                j--;
-            }
-            bv[j + 1] = tv;
-            bi[j + 1] = ti;
-        }
+        bv[j + 1] = tv;
+        bi[j + 1] = ti;
     }
     for (int64_t i = 0; i < C; i++) {
         vals[i] = bv[i];
