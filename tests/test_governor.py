@@ -139,7 +139,12 @@ def test_where_the_step_time_curve_says_verification_is_dear_a_level_starts_plai
     for _ in range(400):
         modes.append(gov.level(4).mode)
         _step(gov, 4, 1.3)
-    assert modes[:9] == [PLAIN] * 9 and modes[200:].count(SPEC) / 200 > 0.8
+    # that start rests on the curve alone: its first trial comes after the shortest gap,
+    # where a level of from_requests' waits PLAIN_START_GAPS times longer
+    assert modes[:8] == [PLAIN] * 8 and modes[8] == SPEC and modes[200:].count(SPEC) / 200 > 0.8
+    fresh = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2,
+                         step_cost=lambda n: dear[n])
+    assert fresh.level(4).gap == 8 and fresh.level(8).gap == LoadLevel.PLAIN_START_GAPS * 8
 
 
 def test_a_speculation_trial_far_behind_plain_decoding_ends_early():

@@ -50,7 +50,9 @@ cheap there, and with plain decoding where a step of two tokens per request cost
 least `DEAR_VERIFICATION` (1.2) times a plain one: at 4 requests speculation paid on an
 AMX Xeon (1.07-1.13x plain decoding) and lost on an AVX2-only EPYC, where a step of 8
 tokens costs 1.3-1.4 times one of 4 (0.87x engine alone at 4 requests, mostly prompt
-lookup tokens accepted one time in five). The default governs from 2 requests.
+lookup tokens accepted one time in five). Such a plain start rests on two profiled
+times alone, so its first trial comes after the shortest gap (PLAIN_START_GAPS is for
+`plain_fallback`'s levels). The default governs from 2 requests.
 Halfway through a trial, one in which speculation runs below `EARLY_EXIT` (0.85) of
 plain decoding's efficiency ends there; at a level that started plain (where
 speculation is expected to lose) it ends there unless it is level with plain
@@ -120,7 +122,11 @@ class SpecGovernor:
     def level(self, num_requests: int) -> "LoadLevel":
         b = self.bucket(num_requests)
         if b not in self.levels:
-            self.levels[b] = LoadLevel(*self._settings, start=self._start(b))
+            start = self._start(b)
+            # a plain start below from_bucket rests on the curve's prior alone: its first
+            # trial comes after the shortest gap (see LoadLevel.PLAIN_START_GAPS)
+            gaps = LoadLevel.PLAIN_START_GAPS if b >= self.from_bucket else 1
+            self.levels[b] = LoadLevel(*self._settings, start=start, plain_start_gaps=gaps)
         return self.levels[b]
 
     def _start(self, b: int) -> str:
@@ -169,11 +175,17 @@ class LoadLevel:
     #: decoding: when the two are level, plain decoding (the output's own pace, none of
     #: speculation's variance) is the safe side
     SPEC_MARGIN = 1.02
-    #: a level that starts plain (verification is dear there: the prior says speculation
-    #: loses) runs its first gap this many times `min_gap`, as if plain decoding had won
-    #: that many trials already: the first trial is the dearest (engine alone at 16 and 32
+    #: a level of `plain_fallback`'s (8 requests and up by default) starts plain and runs
+    #: its first gap this many times `min_gap`, as if plain decoding had won that many
+    #: trials already: the first trial is the dearest (engine alone at 16 and 32
     #: requests, bursts of 200-400 steps lost 1-3 % to it), and once settled a level
-    #: tries speculation every `max_gap` steps either way
+    #: tries speculation every `max_gap` steps either way. A level below that which
+    #: starts plain because the step-time curve says verification is dear runs the
+    #: shortest first gap: that prior is a ratio of two profiled times near its threshold
+    #: (T(8) / T(4) read 1.11 and 1.20 in two profiles of one AMX Xeon, where speculation
+    #: pays 1.14x at four requests), and a first trial 4 x `min_gap` steps late left four
+    #: requests at 1.05x there; where the prior is right (an AVX2-only CPU, 1.3-1.4), the
+    #: trial ends halfway (EARLY_EXIT_PLAIN_START) after `trial` speculation steps
     PLAIN_START_GAPS = 4
     #: a mode's score is its trials' output over their time, each earlier trial weighed
     #: by this much less than the next: one lucky trial of bursty speculation (lookup
@@ -192,7 +204,9 @@ class LoadLevel:
     #: verifies more tokens never costs less than a plain one, and a step that drafts
     #: rarely less than one that only looks up, so the ratio of yields bounds the gain
 
-    def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC) -> None:
+    def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC,
+                 plain_start_gaps: int = PLAIN_START_GAPS) -> None:
+        """`plain_start_gaps`: a plain start's first gap in units of `min_gap`."""
         self.trial = trial
         self.block = max(1, trial // 4)  # steps per trial block
         self.min_gap = min_gap
@@ -201,7 +215,7 @@ class LoadLevel:
         # the starting mode runs a whole gap first (speculation: the drafter's first
         # steps, calibration and scheduler history, are not what it does once settled)
         self.mode = self.start = start
-        self.gap = min_gap if start == SPEC else min(self.PLAIN_START_GAPS * min_gap, max_gap)
+        self.gap = min_gap if start == SPEC else min(max(1, plain_start_gaps) * min_gap, max_gap)
         self._left = self.gap  # steps left in the current gap or trial block
         self._trial = False  # a trial is running
         self._gap_mode = start  # the mode of the gap the current trial follows
@@ -216,7 +230,7 @@ class LoadLevel:
         #: steps run in each mode, and the number of switches
         self.steps = {SPEC: 0, PLAIN: 0}
         self.switches = 0
-        self._last_best: str | None = None if start == SPEC else PLAIN  # plain's prior win (PLAIN_START_GAPS)
+        self._last_best: str | None = None if start == SPEC else PLAIN  # plain's prior win
         #: the current speculation gap's window: output (plain-step units), the table's
         #: forward seconds, steps (`_bound_gap`); and the gaps ended by it
         self._bound = [0.0, 0.0, 0]
