@@ -11,3 +11,6 @@ PYTHONPATH=. python3 scripts/bench_lockstep.py --configs plain,default,plain-aga
 cp $D/table_current_build.json $P
 # 2. the same with this build's own table (T(8)/T(4) 1.057: the 4-7 level starts speculating either way)
 PYTHONPATH=. python3 scripts/bench_lockstep.py --configs plain,default,plain-again --concurrency 4 --num-prompts 48 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/c4_own_table.json > $D/c4_own_table.txt
+# 3. one request: where the hybrid with its drafter on stands against the drafter alone and lookup alone
+python3 scripts/bench_lockstep.py --configs plain,default-drafting,dspark,lookup-priced-from2,default,plain-again --concurrency 1 --num-prompts 16 --max-tokens 96 --length-spread 0.5 --repeats 3 --json $D/c1_sources.json > $D/c1_sources.txt
+python3 benchmarks/amx-s56/draft_floor.py > $D/draft_floor.txt   # 4. a draft against its weights' read
