@@ -21,6 +21,8 @@ gives each prompt its own length, drawn once (fixed seed) from --max-tokens x
 
     python3 scripts/bench_lockstep.py --concurrency 16
     python3 scripts/bench_lockstep.py --configs plain,default,default-held-plain --concurrency 4 --repeats 3
+    python3 scripts/bench_lockstep.py --configs plain,lookup-priced,lookup5 --concurrency 1 \
+        --config 'lookup5={"method": "ngram", "enable_adaptive_verification": true, "prompt_lookup_max": 5}'
     python3 scripts/bench_lockstep.py --model ~/.cache/dspark/models/qwen2.5-coder-0.5b-instruct-* \
         --dtype fp32 --configs plain,lookup --concurrency 1
 
@@ -138,7 +140,29 @@ def main() -> int:
                                                        "(default: %(default)s)")
     ap.add_argument("--dtype", default="auto", help="the target's precision (default: %(default)s)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--config", action="append", default=[], metavar="NAME=JSON",
+                    help="one more configuration for --configs to name: a --speculative-config JSON object "
+                         "(repeatable), e.g. 'lookup5={\"method\": \"ngram\", \"prompt_lookup_max\": 5}'")
     args = ap.parse_args()
+    for item in args.config:
+        name, eq, text = item.partition("=")
+        try:
+            cfg = json.loads(text) if eq and name.strip() else None
+        except json.JSONDecodeError as e:
+            print(f"error: --config {name.strip()}: not valid JSON ({e})", file=sys.stderr)
+            return 2
+        if not isinstance(cfg, dict) or name.strip() in CONFIGS:
+            print(f"error: --config takes NAME=JSON, a new name and a JSON object, got {item!r}", file=sys.stderr)
+            return 2
+        from dspark.engine.config import SpeculativeConfig
+        from dspark.errors import UserError
+
+        try:
+            SpeculativeConfig.from_dict(cfg)
+        except UserError as e:
+            print(f"error: --config {name.strip()}: {e}", file=sys.stderr)
+            return 2
+        CONFIGS[name.strip()] = cfg
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     if any(n.split("@")[0] not in CONFIGS for n in names) or "plain" not in names or len(set(names)) != len(names):
         print(f"error: --configs must name plain and others from {', '.join(CONFIGS)} (each optionally "
