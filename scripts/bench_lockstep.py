@@ -76,15 +76,17 @@ CONFIGS = {
     # the default with its drafter governor held at lookup alone (what the hybrid's machinery costs lookup)
     "default-lookup-alone": DEFAULT_SPECULATIVE,
     # the DSpark drafter alone, its drafter governor held off: plain steps that keep the drafter's context
-    "dspark-off": dict(DEFAULT_SPECULATIVE, lookup=False),
+    "dspark-off": dict(DEFAULT_SPECULATIVE, lookup=False, lookup_history=False),
     # the default with its drafter first below the fallback's levels (as before lookup alone first everywhere)
     "default-drafter-first": DEFAULT_SPECULATIVE,
     # the default held at lookup alone, tapping nothing for the drafter and keeping no context for it (what lookup
     # alone costs in the hybrid without the drafter's machinery)
     "default-lookup-alone-untapped": DEFAULT_SPECULATIVE,
     "default-gated": DEFAULT_SPECULATIVE,  # its lookup gate at every load (as before LOOKUP_GATE_FROM)
+    # the default without lookup in earlier replies (as before lookup_history; see --warm-history)
+    "default-no-history": dict(DEFAULT_SPECULATIVE, lookup_history=False),
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},  # never governed
-    "dspark": dict(DEFAULT_SPECULATIVE, lookup=False),
+    "dspark": dict(DEFAULT_SPECULATIVE, lookup=False, lookup_history=False),
     "lookup": {"method": "ngram"},  # prompt lookup alone, fixed verification: needs no drafter (any model)
     "lookup3": {"method": "ngram", "num_speculative_tokens": 3},  # up to 3 lookup tokens, fixed verification
     "lookup-priced": {"method": "ngram", "enable_adaptive_verification": True},  # calibrated, lengths priced
@@ -126,6 +128,18 @@ class Lane:
         self.speculated += bool(sum(e.runner.last_verify_lengths))
 
 
+def warm_replies(n: int) -> list[list[int]]:
+    """n of the default model's replies to training prompts (shuffled, fixed seed)."""
+    import gzip
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "datasets/smollm2-135m-instruct/train.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        replies = [json.loads(line)["response_token_ids"] for line in f]
+    random.Random(0).shuffle(replies)
+    return replies[:n]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="plain,default", help=f"from {', '.join(CONFIGS)}; plain among them "
@@ -140,6 +154,10 @@ def main() -> int:
                                                        "(default: %(default)s)")
     ap.add_argument("--dtype", default="auto", help="the target's precision (default: %(default)s)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--warm-history", type=int, default=0, metavar="N",
+                    help="feed every lane with a reply history (lookup_history) N replies of the default model "
+                         "from datasets/smollm2-135m-instruct/train.jsonl.gz first, as a server that had served "
+                         "them would hold (default: 0)")
     ap.add_argument("--config", action="append", default=[], metavar="NAME=JSON",
                     help="one more configuration for --configs to name: a --speculative-config JSON object "
                          "(repeatable), e.g. 'lookup5={\"method\": \"ngram\", \"prompt_lookup_max\": 5}'")
@@ -194,6 +212,10 @@ def main() -> int:
     rng = random.Random(0)
     lengths = [max(1, round(args.max_tokens * (1 + args.length_spread * rng.uniform(-1, 1)))) for _ in prompts]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    warm = warm_replies(args.warm_history) if args.warm_history else []
+    if warm and args.model != "default":
+        print("error: --warm-history holds the default model's replies", file=sys.stderr)
+        return 2
     runs = []
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[: rep % len(names)]
@@ -232,6 +254,10 @@ def main() -> int:
                 engine.drafter_governor = None
             if name.endswith("-uncached"):
                 engine.runner.prefix = None
+            for reply in warm if engine.runner.drafter is not None else []:
+                remember = getattr(engine.runner.drafter, "remember_reply", None)
+                if remember is not None:
+                    remember(reply)
             lanes.append(Lane(lane_name, engine, prompts, params, args.concurrency))
         rnd = 0
         while not all(lane.done() for lane in lanes):

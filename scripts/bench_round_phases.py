@@ -51,7 +51,7 @@ CONFIGS = {
     # the default: hybrid with its plain-decoding fallback at high load
     "default": DEFAULT_SPECULATIVE,
     # the default without prompt lookup: the drafter alone, scheduled and governed as in the default
-    "default-no-lookup": {**DEFAULT_SPECULATIVE, "lookup": False},
+    "default-no-lookup": {**DEFAULT_SPECULATIVE, "lookup": False, "lookup_history": False},
     # the default with the drafter's confidences as the confidence head gives them (no
     # per-request trust, as before it existed)
     "default-raw-conf": {**DEFAULT_SPECULATIVE, "drafter_trust": False},

@@ -38,10 +38,12 @@ class LookupMatch:
     tokens: list[int] = field(default_factory=list)  # proposed continuation, target ids
     ngram: int = 0  # length of the matched suffix; 0 = no match
     agreed: bool = True  # every earlier occurrence continued with the same token
+    #: where it was found: "" the request's own tokens, "h" earlier replies (reply_history)
+    source: str = ""
 
     @property
     def key(self) -> str:
-        return f"{self.ngram}{'a' if self.agreed else 'c'}"
+        return f"{self.source}{self.ngram}{'a' if self.agreed else 'c'}"
 
 
 def lookup(seq: list[int] | torch.Tensor, num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> LookupMatch:

@@ -26,6 +26,7 @@ import torch
 from .base import DraftOutput, DraftRequest, Drafter
 from .lookup import LookupCalibration, LookupMatch
 from .ngram import NgramDrafter
+from .reply_history import ReplyHistory
 
 
 class RequestTrust:
@@ -128,6 +129,9 @@ class LookupDrafter(Drafter):
         self.history = NgramDrafter(max_ngram, min_ngram, max_draft_tokens)
         self.calibration = calibration if calibration is not None else LookupCalibration.load()
         self.trust = RequestTrust()
+        #: earlier replies to look up in when a request's own tokens have no strong
+        #: match (dspark.drafters.reply_history); None: the request's own tokens alone
+        self.reply_history: ReplyHistory | None = None
         #: per request, its last lookup proposal: (match, tokens taken from it, the
         #: confidences used, the table's confidences, the drafter's own confidences
         #: for the positions after the lookup tokens: none here)
@@ -169,14 +173,32 @@ class LookupDrafter(Drafter):
         """Lookup's proposal over the concatenation of `parts` (the request's emitted
         tokens, anchor last): (match, confidences as this request earns them, the
         table's confidences)."""
-        m = LookupMatch(*self.history.suffix_index(request_id, *parts).most_frequent(num_tokens))
+        m = self._match(request_id, num_tokens, parts)
         table_c = self.calibration.confidence(m)
         return m, self.trust.adjust(request_id, table_c), table_c
+
+    def _match(self, request_id: object, num_tokens: int, parts: tuple[list[int], ...]) -> LookupMatch:
+        """The request's own longest match; where that is shorter than the reply
+        history's n-gram (or missing), what earlier replies continued its last tokens
+        with, if any (a class of its own in the calibration table)."""
+        index = self.history.suffix_index(request_id, *parts)
+        m = LookupMatch(*index.most_frequent(num_tokens))
+        h = self.reply_history
+        if h is not None and m.ngram < h.ngram:
+            tokens, agreed = h.propose(index.tokens[-h.ngram:], num_tokens)
+            if tokens:
+                return LookupMatch(tokens, h.ngram, agreed, source="h")
+        return m
+
+    def remember_reply(self, reply: list[int]) -> None:
+        """A finished request's output, for the reply history (when there is one)."""
+        if self.reply_history is not None:
+            self.reply_history.add(reply)
 
     def peek(self, request_id: object, num_tokens: int, *parts: list[int]) -> list[float]:
         """The confidences of lookup's current proposal (`_propose`'s, one for each
         matched token), recording nothing: for pricing a step's choice before it is made."""
-        m = LookupMatch(*self.history.suffix_index(request_id, *parts).most_frequent(num_tokens))
+        m = self._match(request_id, num_tokens, parts)
         return self.trust.preview(request_id, self.calibration.confidence(m))[:len(m.tokens)]
 
     def draft(self, requests: list[DraftRequest], num_tokens: int) -> DraftOutput:

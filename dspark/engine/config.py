@@ -25,7 +25,9 @@ with a confidence policy (`enable_adaptive_verification`, `dspark-sync`, `thresh
 is priced lookup: calibrated confidences, each request's length chosen on the target's
 step time, dspark/drafters/priced_lookup.py;
 `drafter_trust` (hybrid, default true): the drafter's confidences scaled per request
-by how its drafted tokens fared, see dspark/drafters/hybrid.py).
+by how its drafted tokens fared, see dspark/drafters/hybrid.py; `lookup_history`
+(calibrated lookup; false unless given, true in the default configuration): look up in
+the engine's earlier replies too, dspark/drafters/reply_history.py).
 """
 
 from __future__ import annotations
@@ -71,8 +73,12 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: the governor's decayed scores and margin, 1.20x at one request (before it) and 1.01x /
 #: 0.95x / 1.03x at 4 / 16 / 32 (docs/benchmarks/governed.md); engine alone, stepped in
 #: turn with plain decoding, 1.19x / 0.966x / 0.984x / 0.997x at 1 / 4 / 16 / 32
+#: Lookup in earlier replies too (`lookup_history`): engine alone on the AMX Xeon, 1.055x
+#: the default without it at one request with 1,000 earlier replies held, 1.075x with
+#: none held at start (48 requests filling it), 1.078x at four, level at sixteen
+#: (docs/benchmarks/hybrid.md, last section).
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
-                       "plain_fallback": 8, "plain_trials_from": 2}
+                       "plain_fallback": 8, "plain_trials_from": 2, "lookup_history": True}
 
 #: the default for a target without a shipped drafter: prompt lookup alone (no drafter),
 #: each request's length priced by the scheduler (calibrated lookup survivals against
@@ -109,6 +115,11 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     lookup: bool = False
     lookup_calibration: str | None = None
+    #: calibrated lookup (hybrid or priced ngram): where a request's own tokens have no
+    #: 3-gram match, look up in the engine's earlier replies too
+    #: (dspark.drafters.reply_history; a timing side channel between users; on in
+    #: DEFAULT_SPECULATIVE)
+    lookup_history: bool = False
     #: hybrid: the drafter's confidences as each request earns them (false: as the
     #: confidence head gives them)
     drafter_trust: bool = True
@@ -166,6 +177,11 @@ class SpeculativeConfig:
         if self.lookup_calibration is not None and not (self.lookup or self.priced_lookup):
             raise UserError("lookup_calibration is given but no calibrated lookup runs (\"lookup\": true with "
                             "dspark, or ngram with enable_adaptive_verification)")
+        if not isinstance(self.lookup_history, bool):
+            raise UserError(f"lookup_history must be true or false, got {self.lookup_history!r}")
+        if self.lookup_history and not (self.lookup or self.priced_lookup):
+            raise UserError("lookup_history needs calibrated lookup (\"lookup\": true with dspark, or ngram with "
+                            "enable_adaptive_verification)")
         if not 0 < self.confidence_threshold < 1:
             raise UserError(f"confidence_threshold must be in (0, 1), got {self.confidence_threshold!r}")
         if self.method == "mtp" and n not in (None, 1):
@@ -226,8 +242,8 @@ def build_drafter(spec: SpeculativeConfig, target):
         from dspark.drafters.priced_lookup import LookupDrafter
 
         calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
-        return LookupDrafter(calibration, spec.prompt_lookup_max, spec.prompt_lookup_min,
-                             spec.num_speculative_tokens or 7, device=target.device)
+        return _with_history(spec, LookupDrafter(calibration, spec.prompt_lookup_max, spec.prompt_lookup_min,
+                                                 spec.num_speculative_tokens or 7, device=target.device))
     if spec.method == "ngram":
         sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
@@ -259,6 +275,16 @@ def build_drafter(spec: SpeculativeConfig, target):
         calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
         drafter = HybridDrafter(drafter, calibration, spec.prompt_lookup_max, spec.prompt_lookup_min)
         drafter.drafter_trust.enabled = spec.drafter_trust
+        _with_history(spec, drafter)
+    return drafter
+
+
+def _with_history(spec: SpeculativeConfig, drafter):
+    """`drafter` (a calibrated lookup) with the reply history `spec` asks for."""
+    if spec.lookup_history:
+        from dspark.drafters.reply_history import ReplyHistory
+
+        drafter.reply_history = ReplyHistory()
     return drafter
 
 

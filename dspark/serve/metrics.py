@@ -89,6 +89,9 @@ class ServingMetrics:
         self.lookup_ece = Gauge(p + "spec_decode_lookup_calibration_ece",
                                 "Hybrid drafting: ECE of the lookup confidences against observed acceptance "
                                 "since start-up (NaN before any lookup token was verified).", const_labels=c)
+        self.lookup_history = Gauge(p + "spec_decode_lookup_history_tokens",
+                                    "Tokens of earlier replies held for lookup (\"lookup_history\"; 0 without it).",
+                                    const_labels=c)
         self.calibration_ece = Gauge(p + "spec_decode_calibration_ece",
                                      "ECE of the drafter's confidences against verification over the last 20000 "
                                      "verified draft tokens (NaN before any; a warning is logged above 0.1).",
@@ -146,7 +149,7 @@ class ServingMetrics:
                           self.table_refreshes, self.fallback_steps, self.speculating, self.drafter_off_steps,
                           self.drafter_on, self.live_ratio,
                           self.prefix_queries, self.prefix_hits]
-        self._hybrid_families = [self.lookup_tokens, self.lookup_only, self.lookup_ece]
+        self._hybrid_families = [self.lookup_tokens, self.lookup_only, self.lookup_ece, self.lookup_history]
         self._calibration_families = [self.calibration_ece, self.predicted_acceptance, self.observed_acceptance]
         self.calibration_ece.set(float("nan"))
         self.hybrid = False
@@ -254,6 +257,8 @@ class ServingMetrics:
             n = drafter.counts["lookup_only"]
             self.lookup_only.inc(n - seen["lookup_only"])
             seen["lookup_only"] = n
+            history = getattr(drafter, "reply_history", None)
+            self.lookup_history.set(len(history) if history is not None else 0)
             if refresh:
                 self.lookup_ece.set(drafter.calibration.ece())
         if refresh:
