@@ -75,8 +75,8 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: turn with plain decoding, 1.19x / 0.966x / 0.984x / 0.997x at 1 / 4 / 16 / 32
 #: Lookup in earlier replies too (`lookup_history`): engine alone on the AMX Xeon, 1.055x
 #: the default without it at one request with 1,000 earlier replies held, 1.075x with
-#: none held at start (48 requests filling it), 1.078x at four, level at sixteen
-#: (docs/benchmarks/hybrid.md, last section).
+#: none held at start (48 requests filling it), 1.078x at four, 1.014x at sixteen and
+#: 1.003x at 32 (docs/benchmarks/hybrid.md, last section).
 DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
                        "plain_fallback": 8, "plain_trials_from": 2, "lookup_history": True}
 

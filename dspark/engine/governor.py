@@ -182,10 +182,12 @@ class LoadLevel:
     #: tries speculation every `max_gap` steps either way. A level below that which
     #: starts plain because the step-time curve says verification is dear runs the
     #: shortest first gap: that prior is a ratio of two profiled times near its threshold
-    #: (T(8) / T(4) read 1.11 and 1.20 in two profiles of one AMX Xeon, where speculation
-    #: pays 1.14x at four requests), and a first trial 4 x `min_gap` steps late left four
-    #: requests at 1.05x there; where the prior is right (an AVX2-only CPU, 1.3-1.4), the
-    #: trial ends halfway (EARLY_EXIT_PLAIN_START) after `trial` speculation steps
+    #: (T(8) / T(4) read 1.01-1.17 in nine profiles of one AMX Xeon and 1.21 in a tenth,
+    #: where speculation pays 1.14x at four requests), and a first trial 4 x `min_gap`
+    #: steps late left four requests at 1.06x there (1.12x with the shortest first gap:
+    #: docs/benchmarks/governor-trials.md); where the prior is right (an AVX2-only CPU,
+    #: 1.3-1.4), the trial ends halfway (EARLY_EXIT_PLAIN_START) after `trial`
+    #: speculation steps
     PLAIN_START_GAPS = 4
     #: a mode's score is its trials' output over their time, each earlier trial weighed
     #: by this much less than the next: one lucky trial of bursty speculation (lookup
