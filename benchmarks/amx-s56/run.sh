@@ -30,3 +30,5 @@ python3 scripts/bench_lockstep.py --configs plain,default,defaulth,plain-again -
 python3 scripts/bench_lockstep.py --configs plain,default,defaulth,plain-again --concurrency 16 --num-prompts 64 --max-tokens 96 --length-spread 0.5 --repeats 4 --warm-history 1000 --config 'defaulth={"method": "dspark", "enable_adaptive_verification": true, "lookup": true, "plain_fallback": 8, "plain_trials_from": 2, "lookup_history": true}' --json benchmarks/amx-s56/c16_history.json > benchmarks/amx-s56/c16_history.txt
 # 11. thirty-two requests, the history warm (the default now has it; default-no-history is the one before)
 python3 scripts/bench_lockstep.py --configs plain,default-no-history,default,plain-again --concurrency 32 --num-prompts 96 --max-tokens 96 --length-spread 0.5 --repeats 4 --warm-history 1000 --json benchmarks/amx-s56/c32_history.json > benchmarks/amx-s56/c32_history.txt
+# 12. served: the default (history empty at start) against none and a second none
+sh benchmarks/amx-s56/served.sh
