@@ -189,6 +189,9 @@ def main() -> int:
     if args.concurrency < 1 or args.num_prompts < 1 or args.max_tokens < 1 or args.repeats < 1:
         print("error: --concurrency, --num-prompts, --max-tokens and --repeats must be >= 1", file=sys.stderr)
         return 2
+    if args.warm_history < 0 or (args.warm_history and args.model != "default"):
+        print("error: --warm-history takes a number >= 0 and holds the default model's replies", file=sys.stderr)
+        return 2
     if not 0.0 <= args.length_spread < 1.0:
         print("error: --length-spread must be in [0, 1)", file=sys.stderr)
         return 2
@@ -212,10 +215,7 @@ def main() -> int:
     rng = random.Random(0)
     lengths = [max(1, round(args.max_tokens * (1 + args.length_spread * rng.uniform(-1, 1)))) for _ in prompts]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
-    warm = warm_replies(args.warm_history) if args.warm_history else []
-    if warm and args.model != "default":
-        print("error: --warm-history holds the default model's replies", file=sys.stderr)
-        return 2
+    warm = warm_replies(args.warm_history) if args.warm_history > 0 else []
     runs = []
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[: rep % len(names)]
