@@ -254,10 +254,9 @@ def main() -> int:
                 engine.drafter_governor = None
             if name.endswith("-uncached"):
                 engine.runner.prefix = None
-            for reply in warm if engine.runner.drafter is not None else []:
-                remember = getattr(engine.runner.drafter, "remember_reply", None)
-                if remember is not None:
-                    remember(reply)
+            remember = getattr(engine.runner.drafter, "remember_reply", None)
+            for reply in warm if remember is not None else []:
+                remember(reply)
             lanes.append(Lane(lane_name, engine, prompts, params, args.concurrency))
         rnd = 0
         while not all(lane.done() for lane in lanes):

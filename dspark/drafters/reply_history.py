@@ -64,22 +64,8 @@ class ReplyHistory:
         the newest generation that has them, up to `num_tokens` tokens and never past
         that reply's end; agreed when only one token ever followed them there. ([], True)
         when none did."""
-        if len(context) < self.ngram or num_tokens < 1:
-            return [], True
-        key = tuple(int(t) for t in context[-self.ngram:])
         for index in reversed(self._generations):
-            best, start, distinct = 0, -1, 0  # a reply's end (SEPARATOR) proposes nothing
-            for t, (count, latest) in (index._next[self.ngram].get(key) or {}).items():
-                if t != SEPARATOR:
-                    distinct += 1
-                    if count > best or (count == best and latest > start):
-                        best, start = count, latest
-            if not distinct:
-                continue
-            out = []
-            for t in index.tokens[start: start + num_tokens]:
-                if t == SEPARATOR:
-                    break
-                out.append(t)
-            return out, distinct == 1
+            tokens, agreed = index.continuation(context, num_tokens, stop=SEPARATOR)
+            if tokens:
+                return tokens, agreed
         return [], True

@@ -89,9 +89,35 @@ class SuffixIndex:
         n, follow = self._follow()
         if follow is None:
             return [], 0, True
-        best = max(e[0] for e in follow.values())
-        start = max(e[1] for e in follow.values() if e[0] == best)
-        return self.tokens[start: start + num_tokens], n, len(follow) == 1
+        tokens, agreed = self._most_frequent(follow, num_tokens)
+        return tokens, n, agreed
+
+    def continuation(self, context: list[int], num_tokens: int, stop: int | None = None) -> tuple[list[int], bool]:
+        """`most_frequent` for another sequence: what followed the `max_ngram` tokens
+        that end `context` here, cut before `stop` (a token that ends a proposal and is
+        never one); ([], True) when nothing did."""
+        if len(context) < self.max_ngram or num_tokens < 1:
+            return [], True
+        follow = self._next[self.max_ngram].get(tuple(int(t) for t in context[-self.max_ngram:]))
+        return self._most_frequent(follow or {}, num_tokens, stop)
+
+    def _most_frequent(self, follow: dict[int, list[int]], num_tokens: int,
+                       stop: int | None = None) -> tuple[list[int], bool]:
+        """The latest continuation whose first token is the most frequent in `follow`
+        (`stop` left out), up to `num_tokens` tokens and before `stop`; agreed when one
+        token alone followed."""
+        best, start, distinct = 0, -1, 0
+        for token, (count, latest) in follow.items():
+            if token != stop:
+                distinct += 1
+                if count > best or (count == best and latest > start):
+                    best, start = count, latest
+        if not distinct:
+            return [], True
+        out = self.tokens[start: start + num_tokens]
+        if stop is not None and stop in out:
+            out = out[: out.index(stop)]
+        return out, distinct == 1
 
 
 def _at(parts: tuple[list[int], ...], index: int) -> int:
