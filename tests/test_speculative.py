@@ -303,6 +303,12 @@ def test_speculative_config_errors():
         SpeculativeConfig(markov_candidates=-1)
     with pytest.raises(UserError, match="not 'dflash'"):
         SpeculativeConfig(method="dflash", markov_candidates=8)
+    with pytest.raises(UserError, match="prompt_lookup_max must be an n-gram length >= 1, got 0"):
+        SpeculativeConfig(method="ngram", prompt_lookup_max=0)
+    with pytest.raises(UserError, match="prompt_lookup_min must be"):
+        SpeculativeConfig(method="ngram", prompt_lookup_min="2")
+    with pytest.raises(UserError, match=r"prompt_lookup_max \(2\) is below prompt_lookup_min \(3\)"):
+        SpeculativeConfig(method="ngram", prompt_lookup_max=2, prompt_lookup_min=3)
 
 
 @pytest.mark.parametrize("candidates", [0, 8])

@@ -137,6 +137,49 @@ def test_a_trained_drafter_grows_layers_and_drafts_the_same_until_trained(traine
                 tiny_target)
 
 
+def test_retap_moves_a_drafters_taps_keeping_what_it_computes_where_the_layers_agree(tiny_target):
+    """`retap`: each new tap's block of fc columns is the nearest old tap's (a tie to the
+    deeper), divided among the new taps sharing it; so where a new tap's features equal
+    the old tap's, the context features are the trained drafter's own."""
+    from dspark.drafters import create_drafter
+    from dspark.errors import UserError
+    from dspark.train.init import retap
+
+    d = create_drafter("dspark", tiny_target, seed=1, dtype=torch.float32, markov_rank=8, block_size=5,
+                       target_layer_ids=[0, 1, 3])
+    g = torch.Generator().manual_seed(2)
+    h0, h1, h3 = (torch.randn(2, 7, 64, generator=g) for _ in range(3))
+    old = d.context_features(torch.stack([h0, h1, h3], dim=-2))
+    moved, lines = retap(d, tiny_target.model, [0, 1, 2])  # 2 is as near 1 as 3: the deeper (3) gives its columns
+    assert moved.target_layer_ids == [0, 1, 2] and moved.config.target_layer_ids == [0, 1, 2]
+    assert lines[2] == "tap 2: target layer 2 <- the columns of layer 3"
+    with torch.no_grad():
+        torch.testing.assert_close(moved.context_features(torch.stack([h0, h1, h3], dim=-2)), old)
+    shared, lines = retap(d, tiny_target.model, [0, 2, 3])  # 2 and 3 share layer 3's columns; layer 1's go
+    assert lines[1].endswith("(shared by 2)")
+    without_1 = d.context_features(torch.stack([h0, torch.zeros_like(h1), h3], dim=-2))
+    with torch.no_grad():
+        torch.testing.assert_close(shared.context_features(torch.stack([h0, h3, h3], dim=-2)), without_1)
+        assert not torch.allclose(shared.context_features(torch.stack([h0, h1, h3], dim=-2)), without_1)
+    with pytest.raises(UserError, match="out of range"):
+        retap(d, tiny_target.model, [0, 1, 4])
+
+
+def test_a_trained_drafter_continues_on_other_taps(trained, tiny_target, tiny_data, tmp_path):
+    """`--init DIR --target-layer-ids ...`: the drafter trains on the new taps (its
+    teacher taps them), saves them and loads with them."""
+    from dspark.drafters import load_drafter
+    from dspark.train import Trainer
+
+    old = load_drafter(trained["dspark"], tiny_target, dtype=torch.float32).target_layer_ids
+    taps = [t for t in old[:-1]] + [next(t for t in (3, 2, 1, 0, -1) if t not in old)]
+    t = Trainer(train_config("dspark", tiny_data, tmp_path / "moved", max_steps=2, save_every=2,
+                             init=str(trained["dspark"]), target_layer_ids=taps), tiny_target)
+    assert t.drafter.target_layer_ids == taps
+    t.run()
+    assert load_drafter(tmp_path / "moved", tiny_target, dtype=torch.float32).target_layer_ids == taps
+
+
 def test_renewal_tau_over_greedy_output_is_the_engines_tau(trained, tiny_target, tmp_path):
     """Teacher-forced matches walked as decoding meets them (dspark/train/heldout.py)
     predict greedy decoding's τ at a fixed block, round for round, checked against

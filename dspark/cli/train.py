@@ -43,8 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="random; target (dspark/dflash: start the layers as copies of the target's last layers "
                         "and fc as a selection of the tap that feeds them; needs the drafter's sizes equal to "
                         "the target's and that tap among --target-layer-ids); or DIR, a trained drafter of the "
-                        "same method to continue from on new data with a fresh schedule (its sizes, taps and "
-                        "draft vocabulary are kept; the size flags must agree or be left out) "
+                        "same method to continue from on new data with a fresh schedule (its sizes and draft "
+                        "vocabulary are kept; the size flags must agree or be left out, but a larger "
+                        "--num-layers grows it and other --target-layer-ids move its taps, each new tap "
+                        "starting from the columns of the nearest old one) "
                         "(default: %(default)s)")
     s.add_argument("--ttt-steps", type=int, default=7, help="eagle3 training-time-test steps (default: %(default)s)")
     o = p.add_argument_group("optimisation")

@@ -151,6 +151,13 @@ class SpeculativeConfig:
         if self.verification_policy is not None and self.verification_policy not in POLICY_NAMES:
             raise UserError(f"unknown verification_policy {self.verification_policy!r}; choose one of {', '.join(POLICY_NAMES)}")
         _check_non_negative_int("draft_probe_every", self.draft_probe_every)
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{name} must be an n-gram length >= 1, got {v!r}")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise UserError(f"prompt_lookup_max ({self.prompt_lookup_max}) is below prompt_lookup_min "
+                            f"({self.prompt_lookup_min})")
         if self.markov_candidates is not None:
             _check_non_negative_int("markov_candidates", self.markov_candidates, " (0 = full vocabulary)")
             if self.method != "dspark":

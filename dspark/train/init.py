@@ -16,6 +16,8 @@ target) start at one.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from dspark.drafters.dspark import DSparkDrafter
@@ -87,9 +89,9 @@ def init_from_target(drafter, target: Transformer) -> list[str]:
 
 def continue_from(config, target, sizes: dict) -> torch.nn.Module:
     """The trained drafter in `config.init` (a directory), in fp32 and training mode, to
-    continue from: its sizes, taps and draft vocabulary are kept, so any size flag given
-    must agree with it; except a larger --num-layers for dspark/dflash, which grows it
-    (`grow_layers`)."""
+    continue from: its sizes and draft vocabulary are kept, so any size flag given must
+    agree with it; except a larger --num-layers for dspark/dflash, which grows it
+    (`grow_layers`), and other --target-layer-ids, which move its taps (`retap`)."""
     from dspark.drafters import load_drafter
     from dspark.drafters.checkpoint import DrafterCheckpointError
 
@@ -103,6 +105,7 @@ def continue_from(config, target, sizes: dict) -> torch.nn.Module:
     if config.draft_vocab_size:
         sizes = {**sizes, "draft_vocab_size": config.draft_vocab_size}
     layers = sizes.pop("num_hidden_layers", have["num_hidden_layers"])
+    taps = sizes.pop("target_layer_ids", None)
     differ = [f"{k} {v!r} (the drafter has {have.get(k)!r})" for k, v in sizes.items()
               if k in have and have.get(k) != v]
     if layers < have["num_hidden_layers"]:
@@ -113,6 +116,10 @@ def continue_from(config, target, sizes: dict) -> torch.nn.Module:
                         + "; ".join(differ))
     if layers > len(drafter.layers):
         drafter = grow_layers(drafter, target, layers)
+    if taps is not None and list(taps) != list(drafter.target_layer_ids):
+        drafter, lines = retap(drafter, target, list(taps))
+        for line in lines:
+            print(f"[train] init: {line}", file=sys.stderr)
     drafter.requires_grad_(True)  # its own weights; the target's embeddings and head are not among them
     return drafter.train()
 
@@ -146,3 +153,46 @@ def grow_layers(drafter, target, num_layers: int) -> torch.nn.Module:
     if getattr(drafter, "confidence_head", None) is not None:  # STS temperatures live outside the state dict
         grown.confidence_head.set_temperatures(list(drafter.confidence_head.temperatures))
     return grown
+
+
+@torch.no_grad()
+def retap(drafter, target, taps: list[int]) -> tuple[torch.nn.Module, list[str]]:
+    """The drafter reading other target layers: its context projection `fc` takes one
+    block of columns per tap, and each new tap's block starts as the block of the old
+    tap nearest in depth (a tie goes to the deeper), divided among the new taps that
+    share it, so that the projection starts as close to the trained one as the residual
+    stream allows. Everything else is kept. Training then adapts it to the new taps.
+    Returns the drafter and one line per tap for the training log.
+
+    One use: a drafter that taps the target's last layer cannot be served by engines
+    that read a tap as the next layer's input (llama.cpp); moved one layer down, it can."""
+    import dataclasses
+
+    from dspark.drafters.factory import build_drafter
+    from dspark.drafters.target_parts import TargetParts
+
+    old = list(drafter.target_layer_ids)
+    if getattr(drafter, "fc", None) is None or drafter.fc.weight.shape[1] % len(old):
+        raise UserError(f"--target-layer-ids cannot move the taps of a {drafter.method} drafter")
+    try:
+        config = dataclasses.replace(drafter.config, target_layer_ids=list(taps))
+    except ValueError as e:
+        raise UserError(f"--target-layer-ids {taps}: {e}") from None
+    problems = config.check_target(target.cfg)
+    if problems:
+        raise UserError(f"--target-layer-ids {taps}: " + "; ".join(problems))
+    width = drafter.fc.weight.shape[1] // len(old)
+    source = [min(range(len(old)), key=lambda i: (abs(old[i] - t), -old[i])) for t in taps]
+    share = {i: source.count(i) for i in set(source)}
+    blocks = [drafter.fc.weight[:, i * width:(i + 1) * width] / share[i] for i in source]
+    with torch.device("cpu"):
+        moved = build_drafter(config, TargetParts.of(target)).float()
+    state = drafter.state_dict()
+    state["fc.weight"] = torch.cat(blocks, dim=1)
+    moved.load_state_dict(state, strict=True)
+    if getattr(drafter, "confidence_head", None) is not None:  # STS temperatures live outside the state dict
+        moved.confidence_head.set_temperatures(list(drafter.confidence_head.temperatures))
+    lines = [f"tap {j}: target layer {t} <- the columns of layer {old[i]}"
+             + (f" (shared by {share[i]})" if share[i] > 1 else "")
+             for j, (t, i) in enumerate(zip(taps, source))]
+    return moved, lines
