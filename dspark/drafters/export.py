@@ -76,7 +76,9 @@ def export_caveats(drafter_dir: str | Path, fmt: str, target=None) -> list[str]:
         notes.append(f"this drafter taps the target's last layer ({last}); llama.cpp reads a tap as the next "
                      f"layer's input, which its llama/qwen graphs do not keep past the last layer, so "
                      f"llama-server --spec-type draft-{cfg.method} aborts on it ('layer input tensor is null', "
-                     f"build 11434). Serve it on vLLM or dspark, or train one that taps layers below {last}")
+                     f"build 11434). Serve it on vLLM or dspark, or move its taps below {last} and continue "
+                     f"training it (`dspark train --init DIR --target-layer-ids ...`, each moved tap "
+                     f"starting from the nearest old one's weights)")
     return notes
 
 
