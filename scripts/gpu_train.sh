@@ -14,7 +14,7 @@
 # shipped one's head has 8,192 rows, covering 94.3 % of held-out response tokens; 16,384
 # covers 97.5 %), from the target's last layers with the shipped recipe:
 #   INIT=target TRAIN_ARGS="--draft-vocab-size 16384 --block-size 7 --sample-from-anchor
-#     --markov-rank 64 --target-layer-ids 1,8,14,20,27,29 --lr 6e-4" bash scripts/gpu_train.sh runs/gpu-v16k
+#     --markov-rank 64 --target-layer-ids 1,8,14,20,27,28 --lr 6e-4" bash scripts/gpu_train.sh runs/gpu-v16k
 # Installs
 # dspark over the machine's own torch (scripts/install.sh keeps an importable one).
 # The checkpoint is written to OUT_DIR/<method> every SAVE_MIN minutes, so a run cut
