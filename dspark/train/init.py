@@ -133,15 +133,9 @@ def grow_layers(drafter, target, num_layers: int) -> torch.nn.Module:
     training decides what the new capacity adds."""
     import dataclasses
 
-    from dspark.drafters.factory import build_drafter
-    from dspark.drafters.target_parts import TargetParts
-
     if not isinstance(drafter, DSparkDrafter):
         raise UserError(f"only dspark and dflash drafters grow layers, not {drafter.method}")
     old = len(drafter.layers)
-    config = dataclasses.replace(drafter.config, num_hidden_layers=num_layers)
-    with torch.device("cpu"):
-        grown = build_drafter(config, TargetParts.of(target)).float()
     state = drafter.state_dict()
     last = drafter.layers[old - 1].state_dict()
     for j in range(old, num_layers):
@@ -149,10 +143,21 @@ def grow_layers(drafter, target, num_layers: int) -> torch.nn.Module:
             state[f"layers.{j}.{name}"] = w.clone()
         state[f"layers.{j}.self_attn.o_proj.weight"].zero_()
         state[f"layers.{j}.mlp.down_proj.weight"].zero_()
-    grown.load_state_dict(state, strict=True)
-    if getattr(drafter, "confidence_head", None) is not None:  # STS temperatures live outside the state dict
-        grown.confidence_head.set_temperatures(list(drafter.confidence_head.temperatures))
-    return grown
+    return _rebuilt(drafter, target, dataclasses.replace(drafter.config, num_hidden_layers=num_layers), state)
+
+
+def _rebuilt(drafter, target, config, state: dict) -> torch.nn.Module:
+    """A drafter of `config` (fp32, on the CPU) holding `state`, with `drafter`'s STS
+    temperatures (they live outside the state dict)."""
+    from dspark.drafters.factory import build_drafter
+    from dspark.drafters.target_parts import TargetParts
+
+    with torch.device("cpu"):
+        out = build_drafter(config, TargetParts.of(target)).float()
+    out.load_state_dict(state, strict=True)
+    if getattr(drafter, "confidence_head", None) is not None:
+        out.confidence_head.set_temperatures(list(drafter.confidence_head.temperatures))
+    return out
 
 
 @torch.no_grad()
@@ -168,9 +173,6 @@ def retap(drafter, target, taps: list[int]) -> tuple[torch.nn.Module, list[str]]
     that read a tap as the next layer's input (llama.cpp); moved one layer down, it can."""
     import dataclasses
 
-    from dspark.drafters.factory import build_drafter
-    from dspark.drafters.target_parts import TargetParts
-
     old = list(drafter.target_layer_ids)
     if getattr(drafter, "fc", None) is None or drafter.fc.weight.shape[1] % len(old):
         raise UserError(f"--target-layer-ids cannot move the taps of a {drafter.method} drafter")
@@ -185,13 +187,9 @@ def retap(drafter, target, taps: list[int]) -> tuple[torch.nn.Module, list[str]]
     source = [min(range(len(old)), key=lambda i: (abs(old[i] - t), -old[i])) for t in taps]
     share = {i: source.count(i) for i in set(source)}
     blocks = [drafter.fc.weight[:, i * width:(i + 1) * width] / share[i] for i in source]
-    with torch.device("cpu"):
-        moved = build_drafter(config, TargetParts.of(target)).float()
     state = drafter.state_dict()
     state["fc.weight"] = torch.cat(blocks, dim=1)
-    moved.load_state_dict(state, strict=True)
-    if getattr(drafter, "confidence_head", None) is not None:  # STS temperatures live outside the state dict
-        moved.confidence_head.set_temperatures(list(drafter.confidence_head.temperatures))
+    moved = _rebuilt(drafter, target, config, state)
     lines = [f"tap {j}: target layer {t} <- the columns of layer {old[i]}"
              + (f" (shared by {share[i]})" if share[i] > 1 else "")
              for j, (t, i) in enumerate(zip(taps, source))]
