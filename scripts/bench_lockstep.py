@@ -254,9 +254,8 @@ def main() -> int:
                 engine.drafter_governor = None
             if name.endswith("-uncached"):
                 engine.runner.prefix = None
-            remember = getattr(engine.runner.drafter, "remember_reply", None)
-            for reply in warm if remember is not None else []:
-                remember(reply)
+            for reply in warm:
+                engine.runner.drafter.remember_reply(reply)
             lanes.append(Lane(lane_name, engine, prompts, params, args.concurrency))
         rnd = 0
         while not all(lane.done() for lane in lanes):

@@ -128,6 +128,10 @@ class Drafter(torch.nn.Module):
     def release(self, request_id: object) -> None:
         raise NotImplementedError
 
+    def remember_reply(self, reply: list[int]) -> None:
+        """A finished request's output tokens, for drafters that learn from earlier replies
+        (calibrated lookup's reply history); the others ignore it."""
+
     def num_requests(self) -> int:
         """Requests whose state the drafter holds now (0 when idle: anything else is a leak)."""
         raise NotImplementedError

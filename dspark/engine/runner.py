@@ -174,9 +174,7 @@ class SpecRunner(DraftChoice):
                 self.gate.release(seq.request_id)
                 self.lookup_gate.release(seq.request_id)
                 try:
-                    remember = getattr(self.drafter, "remember_reply", None)
-                    if remember is not None:
-                        remember(seq.output_ids)
+                    self.drafter.remember_reply(seq.output_ids)
                     self.drafter.release(seq.request_id)
                 except Exception:
                     self._fault("release")

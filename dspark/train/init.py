@@ -16,8 +16,6 @@ target) start at one.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from dspark.drafters.dspark import DSparkDrafter
@@ -87,11 +85,12 @@ def init_from_target(drafter, target: Transformer) -> list[str]:
     return done
 
 
-def continue_from(config, target, sizes: dict) -> torch.nn.Module:
+def continue_from(config, target, sizes: dict) -> tuple[torch.nn.Module, list[str]]:
     """The trained drafter in `config.init` (a directory), in fp32 and training mode, to
     continue from: its sizes and draft vocabulary are kept, so any size flag given must
     agree with it; except a larger --num-layers for dspark/dflash, which grows it
-    (`grow_layers`), and other --target-layer-ids, which move its taps (`retap`)."""
+    (`grow_layers`), and other --target-layer-ids, which move its taps (`retap`); with
+    what was changed, one line each (for the training log)."""
     from dspark.drafters import load_drafter
     from dspark.drafters.checkpoint import DrafterCheckpointError
 
@@ -116,12 +115,11 @@ def continue_from(config, target, sizes: dict) -> torch.nn.Module:
                         + "; ".join(differ))
     if layers > len(drafter.layers):
         drafter = grow_layers(drafter, target, layers)
+    lines = []
     if taps is not None and list(taps) != list(drafter.target_layer_ids):
         drafter, lines = retap(drafter, target, list(taps))
-        for line in lines:
-            print(f"[train] init: {line}", file=sys.stderr)
     drafter.requires_grad_(True)  # its own weights; the target's embeddings and head are not among them
-    return drafter.train()
+    return drafter.train(), lines
 
 
 @torch.no_grad()

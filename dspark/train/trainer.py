@@ -110,8 +110,9 @@ class Trainer:
             counts = response_token_counts(self.seqs, target.model.cfg.vocab_size)
             vocab = most_frequent(counts, config.draft_vocab_size, always=[] if eos is None else [eos])
             sizes["draft_vocab_size"] = config.draft_vocab_size
+        init_lines = []
         if config.init not in ("random", "target"):
-            self.drafter = continue_from(config, target, sizes)
+            self.drafter, init_lines = continue_from(config, target, sizes)
         else:
             try:
                 self.drafter = create_drafter(config.method, target, seed=config.seed, dtype=torch.float32,
@@ -121,9 +122,9 @@ class Trainer:
         if config.init == "target" and not config.resume:
             from .init import init_from_target
 
-            for line in init_from_target(self.drafter, target.model):
-                if self.dist.is_main:
-                    print(f"[train] init: {line}", file=sys.stderr)
+            init_lines = init_from_target(self.drafter, target.model)
+        for line in init_lines if self.dist.is_main else []:
+            print(f"[train] init: {line}", file=sys.stderr)
         self.gamma = num_positions(self.drafter, config)
         self.autocast = autocast_dtype(config.precision, self.device)
         decay = [p for p in self.drafter.parameters() if p.dim() >= 2]
