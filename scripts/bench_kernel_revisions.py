@@ -3,7 +3,7 @@ interleaved.
 
 Each revision's `dspark/runtime/kernels/` is compiled with the project's flags into a
 cache directory of its own, under the file name the current sources would have, so a
-child process that points DSPARK_CACHE_DIR there loads that revision's kernels with
+child process that points DSPARK_CACHE there loads that revision's kernels with
 today's Python. Children alternate revision by revision, round by round (drift falls on
 all alike); each times one target forward of N tokens on a 256-token context (median of
 15 after warm-up) for N = 1, 2, 4, 8, 16 (or --tokens). Reported: per revision the median step times
@@ -93,7 +93,7 @@ def main() -> None:
     for r in range(args.rounds):
         for rev in (revs if r % 2 == 0 else revs[::-1]):
             p = subprocess.run([sys.executable, "-c", CHILD, args.dtype, str(args.threads), json.dumps(tokens)], cwd=ROOT,
-                               capture_output=True, text=True, env={**os.environ, "DSPARK_CACHE_DIR": str(caches[rev])})
+                               capture_output=True, text=True, env={**os.environ, "DSPARK_CACHE": str(caches[rev])})
             line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 sys.exit(f"error: the {rev} run failed: {p.stderr[-1000:]}")

@@ -30,7 +30,7 @@ PROMPTS = [
 
 
 def main() -> int:
-    from dspark.runtime.default_model import cache_root
+    from dspark.runtime.cache import cache_root
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("gguf", nargs="?", default=str(cache_root() / "gguf" / "qwen2.5-coder-0.5b-instruct.gguf"))

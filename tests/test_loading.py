@@ -86,10 +86,10 @@ def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
 
     _, path, _ = tiny_hf
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
-    from dspark.profiling import measure
+    from dspark.runtime import machine
 
     cfg = load_transformer(path, "fp32").cfg
-    monkeypatch.setattr(measure, "busy_cores", lambda interval=0.5: 0.0)
+    monkeypatch.setattr(machine, "busy_cores", lambda interval=0.5: 0.0)
     monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("fp32", "dtype auto: fp32 (x)", True))
     assert cached_choose_precision(cfg) == ("fp32", "dtype auto: fp32 (x)")
 
@@ -104,11 +104,11 @@ def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
     monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("bf16w", "dtype auto: bf16w", False))
     assert cached_choose_precision(other)[0] == "bf16w"
     # Nor a steady one taken while other processes kept the cores busy (all runs slow alike).
-    monkeypatch.setattr(measure, "busy_cores", lambda interval=0.5: 1.5)
+    monkeypatch.setattr(machine, "busy_cores", lambda interval=0.5: 1.5)
     monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("bf16w", "dtype auto: bf16w", True))
     picked, line = cached_choose_precision(other)
     assert picked == "bf16w" and "1.5 cores busy" in line
-    monkeypatch.setattr(measure, "busy_cores", lambda interval=0.5: 0.0)
+    monkeypatch.setattr(machine, "busy_cores", lambda interval=0.5: 0.0)
     monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("fp32", "dtype auto: fp32", True))
     assert cached_choose_precision(other)[0] == "fp32"
     monkeypatch.setattr(loader, "_measure_precisions", fail)

@@ -11,8 +11,6 @@ a KV context of `context_len` tokens.
 from __future__ import annotations
 
 import hashlib
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -21,6 +19,10 @@ from pathlib import Path
 import torch
 
 from dspark.runtime.batch import FlatBatch
+from dspark.runtime.cache import cache_root
+# the machine's facts live in the runtime's leaf; read here for the profile's cache
+# key and thread count (and patched here by tests of the profile)
+from dspark.runtime.machine import busy_cores, machine_id, threads_for_load, usable_cpus  # noqa: F401
 from dspark.runtime.target import Target
 
 
@@ -37,26 +39,6 @@ def default_token_counts(max_tokens: int = 512) -> list[int]:
     if out[-1] != max_tokens:
         out.append(max_tokens)
     return out
-
-
-def machine_id() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from dspark.runtime.cpu_kernels import cpu_flags
-
-    # CPUs of one model name come with and without avx512 (cloud EPYCs): the ISA counts
-    isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in cpu_flags()][:1]
-    if isa:
-        cpu += f" [{isa[0]}]"
-    if torch.cuda.is_available():
-        cpu += " / " + torch.cuda.get_device_name()
-    return f"{cpu} x{torch.get_num_threads()}t"
 
 
 def cache_key(target: Target, device: str, context_len: int, tokens_per_request: int) -> str:
@@ -171,50 +153,4 @@ def profile_passes(passes: int = 3, repeats: int = 5) -> int:
 
 
 def profile_dir() -> Path:
-    from dspark.runtime.default_model import cache_root
-
     return cache_root() / "profiles"
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def busy_cores(interval: float = 0.5) -> float | None:
-    """How many CPU cores OTHER processes kept busy during `interval` seconds: the
-    machine's busy time (/proc/stat, without niced processes) minus this process's
-    own CPU time, per second.
-    None where /proc/stat is unavailable."""
-
-    def machine_busy() -> float:
-        with open("/proc/stat") as fh:
-            v = [int(x) for x in fh.readline().split()[1:]]
-        # `nice` time is left out: a niced process yields its core to ours, so it does
-        # not make our threads wait at a barrier (a background job run with `nice`).
-        user, _nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
-        return (user + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-    def own() -> float:
-        t = os.times()
-        return t.user + t.system
-
-    try:
-        b0, o0, t0 = machine_busy(), own(), time.perf_counter()
-        time.sleep(interval)
-        b1, o1, t1 = machine_busy(), own(), time.perf_counter()
-    except (OSError, ValueError):
-        return None
-    return max(0.0, ((b1 - b0) - (o1 - o0)) / (t1 - t0))
-
-
-def threads_for_load(threads: int, busy: float | None, cpus: int | None = None) -> int:
-    """Threads that fit beside `busy` cores of other work: OpenMP threads that share a
-    core with another process wait for it at every barrier, so a step with one thread
-    too many runs many times slower than one with a thread fewer."""
-    if busy is None or busy < 0.5:
-        return threads
-    free = max(1, (cpus or usable_cpus()) - int(busy + 0.5))
-    return max(1, min(threads, free))

@@ -16,7 +16,8 @@ Each computes a row the same way whatever the batch, so verification, chunked pr
 and one-token decoding agree bit for bit.
 
 The shared library is built once per source version into
-`$DSPARK_CACHE_DIR/kernels` (default `~/.cache/dspark/kernels`) with
+`kernels/` of the cache root (`dspark.runtime.cache`: `$DSPARK_CACHE`, default
+`~/.cache/dspark`) with
 `cc -O3 -mavx2 -mfma -fopenmp`, written aside and renamed so concurrent first uses
 cannot see a half-written file. Where there is no compiler, no AVX2/FMA or the build
 fails, `load()` returns None and callers keep the torch paths (`why_unavailable()`
@@ -35,29 +36,22 @@ from pathlib import Path
 
 import torch
 
+from .cache import cache_root
+# re-exported: callers and tests ask the kernels which ISA they may use
+from .machine import cpu_flags  # noqa: F401
+
 _SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_f32w.c",
                                                                   "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c",
-                                                                  "decoder_f32.c", "select_f32.c")]
+                                                                  "decoder_f32.c", "select_f32.c", "gemm_quant.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _why: str | None = None
 _loaded = False
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("DSPARK_CACHE_DIR") or Path.home() / ".cache" / "dspark"
-    return Path(root) / "kernels"
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return cache_root() / "kernels"
 
 
 def _build(target: Path) -> None:
@@ -93,7 +87,7 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("DSPARK_NO_NATIVE"):
         _why = "DSPARK_NO_NATIVE is set"
         return None
-    missing = {"avx2", "fma"} - cpu_flags()
+    missing = {"avx2", "fma", "f16c"} - cpu_flags()
     if missing:
         _why = f"this CPU lacks {', '.join(sorted(missing))}"
         return None

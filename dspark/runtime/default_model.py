@@ -9,11 +9,11 @@ loads that directory directly.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from dspark.errors import UserError
 
+from .cache import cache_root
 from .gguf_model import gguf_model_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -22,13 +22,6 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class DefaultModelUnavailable(UserError, RuntimeError):
     pass
-
-
-def cache_root() -> Path:
-    base = os.environ.get("DSPARK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dspark"
-    )
-    return Path(base)
 
 
 def _gguf_path() -> Path:

@@ -72,7 +72,7 @@ def check_gguf(path: Path) -> str:
 def gguf_model_dir(path: str | Path, name: str | None = None) -> Path:
     """The cached HF directory of a GGUF file, converting it on first use. `name`: the
     directory's name (default: the file's stem and a digest of its identity)."""
-    from .default_model import cache_root
+    from .cache import cache_root
 
     path = Path(path).expanduser().resolve()
     if name is None:

@@ -149,7 +149,7 @@ MEASURE_ROWS = (1, 8, 32)
 #: 0.17, 0.12, 0.11 for a 1-row product), which made every measurement there look noisy
 MEASURE_WARMUP = 4
 
-#: other processes' busy cores (dspark.profiling.measure.busy_cores) above which a
+#: other processes' busy cores (dspark.runtime.machine.busy_cores) above which a
 #: precision measurement is not cached
 BUSY_CORES_LIMIT = 0.5
 
@@ -237,10 +237,9 @@ def _precision_cache_file(cfg: ModelConfig) -> Path:
     kernels' build, and the model's MLP shape (all the measurement depends on)."""
     import hashlib
 
-    from dspark.profiling.measure import machine_id
-
     from . import cpu_kernels
-    from .default_model import cache_root
+    from .cache import cache_root
+    from .machine import machine_id
 
     kernels = cpu_kernels.build_id() if cpu_kernels.available() else "-"
     key = (f"{machine_id()}|{torch.__version__}|{kernels}|{cfg.hidden_size}x{cfg.intermediate_size}"
@@ -258,7 +257,7 @@ def cached_choose_precision(cfg: ModelConfig) -> tuple[str, str]:
             return saved["precision"], saved["line"] + f"  [measured earlier; delete {f} to measure again]"
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    from dspark.profiling.measure import busy_cores
+    from .machine import busy_cores
 
     before = busy_cores(0.1)
     best, line, steady = _measure_precisions(cfg, repeats=7)

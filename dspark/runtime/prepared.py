@@ -45,7 +45,7 @@ def _source_files(src: Path) -> list[Path]:
 def prepared_path(src: Path, precision: str) -> Path | None:
     """Where the prepared form of checkpoint `src` at `precision` lives; None where it
     is not cached (switched off, small or unreadable checkpoint)."""
-    from .default_model import cache_root
+    from .cache import cache_root
 
     if os.environ.get("DSPARK_NO_PREPARED"):
         return None
