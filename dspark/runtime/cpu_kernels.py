@@ -42,9 +42,9 @@ from .machine import cpu_flags  # noqa: F401
 
 _SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_f32w.c",
                                                                   "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c",
-                                                                  "decoder_f32.c", "select_f32.c", "gemm_quant.c")]
+                                                                  "decoder_f32.c", "select_f32.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _why: str | None = None
 _loaded = False
@@ -87,7 +87,7 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("DSPARK_NO_NATIVE"):
         _why = "DSPARK_NO_NATIVE is set"
         return None
-    missing = {"avx2", "fma", "f16c"} - cpu_flags()
+    missing = {"avx2", "fma"} - cpu_flags()
     if missing:
         _why = f"this CPU lacks {', '.join(sorted(missing))}"
         return None
