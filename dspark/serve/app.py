@@ -20,9 +20,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
 
 from dspark.engine.engine import LLMEngine, QueueFull
 from dspark.errors import USER_ERRORS
@@ -34,7 +33,7 @@ from .dashboard import add_live_routes
 from .metrics import ServingMetrics
 from .protocol import APIError, GenerationRequest, ModelContext, bad_request, parse_chat, parse_completion, \
     parse_json_body
-from .responses import Reply, sse
+from .responses import EventStream, Reply, read_body, sse
 
 log = logging.getLogger("dspark.serve")
 
@@ -213,7 +212,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 async def _generate(request: Request, state: ServerState,
                     parse: Callable[[dict, ModelContext], GenerationRequest], chat: bool):
-    raw = await _read_body(request, state.config.max_request_bytes)
+    raw = await read_body(request, state.config.max_request_bytes)
     # JSON parsing and tokenization off the event loop: a large prompt takes CPU time
     # during which every other connection would otherwise wait
     req = await asyncio.to_thread(lambda: parse(parse_json_body(raw), state.model))
@@ -232,50 +231,13 @@ async def _generate(request: Request, state: ServerState,
     except USER_ERRORS as e:
         raise bad_request(str(e)) from None
     if req.stream:
-        return _EventStream(_stream(state, stream, req, reply), lambda: _abort_unfinished(state, stream))
+        return EventStream(_stream(state, stream, req, reply), lambda: _abort_unfinished(state, stream))
     return await _whole(request, state, stream, req, reply)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 once it is over `limit` bytes (by its declared
-    length before reading, else while reading)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is over the server's limit of {limit} bytes (--max-request-bytes)",
-                    "invalid_request_error", None, "request_too_large")
 
 
 def _abort_unfinished(state: ServerState, stream: RequestStream) -> None:
     if not stream.finished:
         state.async_engine.abort(stream.request_id)
-
-
-class _EventStream(StreamingResponse):
-    """Server-sent events that abort their request however the response ends,
-    even when the client leaves before the first event (the body generator, never
-    started, would run no cleanup of its own)."""
-
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
 
 
 async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequest,

@@ -31,6 +31,7 @@ from dspark.runtime.tokenizer import IncrementalDetokenizer
 
 from .async_engine import EngineUnavailable, RequestStream
 from .protocol import APIError, bad_request, parse_chat, parse_json_body
+from .responses import EventStream, read_body
 
 #: output tokens per side when the page does not say, and the most it may ask for
 DEFAULT_MAX_TOKENS, MAX_TOKENS = 128, 1024
@@ -82,9 +83,7 @@ class _Side:
 
 
 async def start_race(request: Request, state):
-    from .app import _EventStream, _read_body
-
-    raw = await _read_body(request, state.config.max_request_bytes)
+    raw = await read_body(request, state.config.max_request_bytes)
     prompt_ids, params = await asyncio.to_thread(lambda: parse_race(parse_json_body(raw), state))
     loop = asyncio.get_running_loop()
     rid = uuid.uuid4().hex[:12]
@@ -106,7 +105,7 @@ async def start_race(request: Request, state):
         _abort(state, streams)
         raise
     sides = [_Side(name, s, state.model.tokenizer) for name, s in zip(SIDES, streams)]
-    return _EventStream(_race_events(state, sides, len(prompt_ids)), lambda: _abort(state, streams))
+    return EventStream(_race_events(state, sides, len(prompt_ids)), lambda: _abort(state, streams))
 
 
 def _abort(state, streams: list[RequestStream]) -> None:
