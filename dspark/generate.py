@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .runtime.batch import FlatBatch
+from .runtime.cpu_kernels import argmax_rows
 from .runtime.kv_cache import ContextTooLong
 from .runtime.target import Target
 from .sampling import SamplingParams, StopRule, sample_rows
@@ -66,7 +67,7 @@ def generate_plain(
         batch = FlatBatch.from_requests([feed], [pos], [slot], device=target.device)
         logits, _ = target.model(batch, cache)
         pos += len(feed)
-        tok = int(sample_rows(logits[:1], [params], [gen])[0])
+        tok = int(sample_rows(logits[:1], [params], [gen], argmax_rows(logits[:1]))[0])
         if not out:
             first_token_s = time.perf_counter() - t0
         if rule.stop_token(tok):

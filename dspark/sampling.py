@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark.errors import UserError
-from dspark.runtime.cpu_kernels import argmax_rows
 
 
 class SamplingError(UserError, ValueError):
@@ -158,13 +157,15 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) ->
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator | None]) -> torch.Tensor:
+                generators: list[torch.Generator | None], argmax: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of `logits` [R, vocab], per row's params: the argmax when
     greedy, else `logits_to_probs` (the transform the verifier applies to the same
     logits) and one float64 uniform from the row's own generator, so a row's draw
     does not depend on the other rows of the batch. The one sampler of the engine's
-    drafters and of the plain reference loop. Returns [R] int64."""
-    out = argmax_rows(logits)
+    drafters and of the plain reference loop. Returns [R] int64.
+    `argmax` [R]: the rows' argmax from a faster kernel than torch's (the runtime's),
+    passed in so that sampling, like verification, imports no runtime."""
+    out = logits.argmax(dim=-1) if argmax is None else argmax.clone()
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled:
         return out

@@ -54,6 +54,21 @@ def test_greedy_all_rejected() -> None:
     assert res.output_tokens == [[3]]
 
 
+def test_argmax_passed_in_is_the_one_used() -> None:
+    """The engine passes the runtime kernel's argmax; verification, which imports no
+    kernel, must decide by it (and check its shape), on the greedy path and the mixed one."""
+    logits = peaked_logits([3, 5, 7])
+    given = tokens(3, 4, 9)  # disagrees with the logits at rows 1 and 2
+    res = rejection_sample(logits, tokens(3, 4), None, [0, 2], [GREEDY], [None], target_argmax=given)
+    assert res.output_tokens == [[3, 4, 9]]
+    mixed = rejection_sample(torch.cat([logits, peaked_logits([1])]), tokens(3, 4), None, [0, 2, 2],
+                             [GREEDY, SamplingParams(temperature=1.0)],
+                             [None, torch.Generator().manual_seed(0)], target_argmax=torch.cat([given, tokens(1)]))
+    assert mixed.output_tokens[0] == [3, 4, 9]
+    with pytest.raises(ValueError, match="target_argmax"):
+        rejection_sample(logits, tokens(3, 4), None, [0, 2], [GREEDY], [None], target_argmax=tokens(3))
+
+
 def test_greedy_zero_length_draft_emits_bonus_only() -> None:
     res = rejection_sample(peaked_logits([6]), tokens(), None, [0, 0], [GREEDY], [None])
     assert res.num_accepted == [0]

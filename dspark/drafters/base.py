@@ -167,6 +167,7 @@ class Drafter(torch.nn.Module):
 def choose_tokens(logits: torch.Tensor, requests: list[DraftRequest]) -> torch.Tensor:
     """One drafted token per request from its logits [R, vocab], by its sampling
     params and its own generator (`dspark.sampling.sample_rows`, the one sampler)."""
+    from dspark.runtime.cpu_kernels import argmax_rows
     from dspark.sampling import sample_rows
 
-    return sample_rows(logits, [r.params for r in requests], [r.generator for r in requests])
+    return sample_rows(logits, [r.params for r in requests], [r.generator for r in requests], argmax_rows(logits))

@@ -25,6 +25,7 @@ import torch
 
 from dspark.drafters.base import Drafter
 from dspark.runtime.batch import FlatBatch
+from dspark.runtime.cpu_kernels import argmax_rows
 from dspark.runtime.kv_cache import KVCachePool
 from dspark.runtime.model import Transformer
 from dspark.schedule.policies import VerifyLengthPolicy
@@ -272,7 +273,7 @@ class SpecRunner(DraftChoice):
             d_tok = torch.zeros(0, dtype=torch.long)
             d_log = None
         return rejection_sample(logits, d_tok.to(self.device), None if d_log is None else d_log.to(self.device),
-                                cu, [s.params for s in seqs], [s.generator for s in seqs])
+                                cu, [s.params for s in seqs], [s.generator for s in seqs], argmax_rows(logits))
 
     def _observe(self, decodes: list[Sequence], lengths: list[int], accepted: list[int]) -> None:
         """The round's outcome to the drafter (online learning) and the calibration watch."""

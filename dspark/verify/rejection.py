@@ -43,7 +43,6 @@ from dataclasses import dataclass
 import torch
 
 from dspark.sampling import SamplingParams, logits_to_probs
-from dspark.runtime.cpu_kernels import argmax_rows
 
 # max(0, p - q) sums to the probability that the draft is rejected, so a rejection
 # with a residual this small is (up to float32 noise in p and q, which each sum to 1
@@ -65,6 +64,7 @@ def rejection_sample(
     cu_num_draft: list[int],  # [R + 1] offsets into draft rows
     params: list[SamplingParams],  # [R]
     generators: list[torch.Generator | None],  # [R]
+    target_argmax: torch.Tensor | None = None,  # [sum_i (L_i + 1)] int64, the target rows' argmax
 ) -> VerifyResult:
     """Verify the drafts of R requests against one target forward.
 
@@ -82,12 +82,16 @@ def rejection_sample(
     of min(1, p/q); a rejection whose residual max(0, p - q) has (numerically) no
     mass samples from p instead. See the module docstring for the glossary and the
     use of random numbers.
+
+    `target_argmax`: the argmax of `target_logits`' rows when the caller has a faster
+    kernel for it than torch's (the engine passes the runtime's native one); this
+    module stays a function of tensors, importing no model or kernel.
     """
     num_draft = _check_inputs(target_logits, draft_tokens, draft_logits, cu_num_draft, params, generators)
     if not params:
         return VerifyResult(num_accepted=[], output_tokens=[])
     if all(p.greedy for p in params):
-        return _greedy(target_logits, draft_tokens, cu_num_draft)
+        return _greedy(_argmax(target_logits, target_argmax), draft_tokens, cu_num_draft)
     device = target_logits.device
     num_req = len(params)
     draft_len = torch.tensor(num_draft, dtype=torch.long, device=device)  # [R]
@@ -98,7 +102,7 @@ def rejection_sample(
     is_sampling = torch.tensor([not p.greedy for p in params], device=device)  # [R]
     uniforms = _draw_uniforms(num_draft, params, generators, device)  # [T] float64, aligned with target rows
 
-    target_argmax = argmax_rows(target_logits)  # [T]
+    target_argmax = _argmax(target_logits, target_argmax)  # [T]
     accepted = draft_tokens == target_argmax[judge_row]  # [D] the greedy rule
     probs = None
     if bool(is_sampling.any()):
@@ -129,12 +133,20 @@ def rejection_sample(
     return VerifyResult(num_accepted=counts, output_tokens=outputs)
 
 
-def _greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_num_draft: list[int]) -> VerifyResult:
+def _argmax(target_logits: torch.Tensor, given: torch.Tensor | None) -> torch.Tensor:
+    if given is None:
+        return target_logits.argmax(dim=-1)  # [T]
+    if given.shape != target_logits.shape[:-1]:
+        raise ValueError(f"target_argmax has shape {tuple(given.shape)}; expected {tuple(target_logits.shape[:-1])}")
+    return given
+
+
+def _greedy(target_argmax: torch.Tensor, draft_tokens: torch.Tensor, cu_num_draft: list[int]) -> VerifyResult:
     """A batch of greedy requests only (plain decoding's every step): the longest prefix
     of each request's drafts that equals the target's argmax, then the argmax after it,
     in plain Python over the few tokens there are (the general path's tensor
     bookkeeping cost a one-token decode step 0.4 ms)."""
-    best = argmax_rows(target_logits).tolist()
+    best = target_argmax.tolist()
     drafts = draft_tokens.tolist()
     counts, outputs = [], []
     for i, (start, end) in enumerate(zip(cu_num_draft, cu_num_draft[1:])):
