@@ -9,6 +9,8 @@
   KV cache and attends, each token over its own slot's positions.
 - `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_`, `argmax_rows` (kernels/elementwise_f32.c).
 - `topk_rows` (kernels/select_f32.c): a draft's candidates, the top C of each row.
+- `gemm_quant` (kernels/gemm_quant.c): the `gguf` precision's matmul, over a GGUF
+  file's quantized blocks as stored (`quantized.py`).
 - `dspark_decoder_layers` (kernels/decoder_f32.c): all of a native model's decoder
   layers through the kernels above in one call (`native_stack.NativeStack`).
 
@@ -18,8 +20,8 @@ and one-token decoding agree bit for bit.
 The shared library is built once per source version into
 `kernels/` of the cache root (`dspark.runtime.cache`: `$DSPARK_CACHE`, default
 `~/.cache/dspark`) with
-`cc -O3 -mavx2 -mfma -fopenmp`, written aside and renamed so concurrent first uses
-cannot see a half-written file. Where there is no compiler, no AVX2/FMA or the build
+`cc -O3 -mavx2 -mfma -mf16c -fopenmp`, written aside and renamed so concurrent first uses
+cannot see a half-written file. Where there is no compiler, no AVX2/FMA/F16C or the build
 fails, `load()` returns None and callers keep the torch paths (`why_unavailable()`
 says why). Set `DSPARK_NO_NATIVE=1` to turn the kernels off.
 """
@@ -42,9 +44,9 @@ from .machine import cpu_flags  # noqa: F401
 
 _SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_f32w.c",
                                                                   "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c",
-                                                                  "decoder_f32.c", "select_f32.c")]
+                                                                  "decoder_f32.c", "select_f32.c", "gemm_quant.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _why: str | None = None
 _loaded = False
@@ -87,7 +89,7 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("DSPARK_NO_NATIVE"):
         _why = "DSPARK_NO_NATIVE is set"
         return None
-    missing = {"avx2", "fma"} - cpu_flags()
+    missing = {"avx2", "fma", "f16c"} - cpu_flags()
     if missing:
         _why = f"this CPU lacks {', '.join(sorted(missing))}"
         return None
@@ -127,6 +129,17 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.dspark_topk_f32.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int]
     lib.dspark_topk_f32.restype = ctypes.c_int
+    lib.dspark_gemm_quant.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.dspark_gemm_quant.restype = None
+    lib.dspark_gemm_quant_ref.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    lib.dspark_gemm_quant_ref.restype = None
+    lib.dspark_dequant_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_void_p]
+    lib.dspark_dequant_rows.restype = None
+    lib.dspark_quant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.dspark_quant_rows.restype = ctypes.c_int64
+    lib.dspark_quant_block.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.dspark_quant_block.restype = ctypes.c_int64
     for name in ("dspark_rmsnorm_f32", "dspark_silu_mul_f32", "dspark_rope_f32", "dspark_argmax_f32"):
         getattr(lib, name).restype = None
     _lib = lib

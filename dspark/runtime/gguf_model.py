@@ -7,6 +7,10 @@ through transformers + gguf to fp32 safetensors with its tokenizer and chat
 template, in `<cache>/models/<name>-<digest>/` (the digest of the file's path, size
 and modification time: a changed file is converted again). Every later use loads
 that directory directly. The embedded default model is such a file too.
+
+A quantized file's linears are also kept as stored (`quantized.write_quantized`): the
+`gguf` precision, which `--dtype auto` picks for such a file, serves them through the
+native kernel, each weight its exact dequantized value.
 """
 
 from __future__ import annotations
@@ -80,10 +84,12 @@ def gguf_model_dir(path: str | Path, name: str | None = None) -> Path:
         digest = hashlib.sha1(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
         name = f"{path.stem}-{digest}"
     out = cache_root() / "models" / name
-    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
-        return out
-    arch = check_gguf(path)
-    convert_gguf(path, out, _config_overrides(path, arch))
+    if not ((out / "model.safetensors").is_file() and (out / "config.json").is_file()):
+        arch = check_gguf(path)
+        convert_gguf(path, out, _config_overrides(path, arch))
+    from .quantized import ensure_quantized
+
+    ensure_quantized(path, out)  # a quantized file's blocks, served as stored (--dtype gguf)
     return out
 
 

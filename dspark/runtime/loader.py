@@ -17,7 +17,8 @@ from dspark.errors import UserError
 
 from .config import ConfigError, ModelConfig
 from .model import Transformer
-from .weight_formats import native_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights, use_f32_panels
+from .weight_formats import (native_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights, use_f32_panels,
+                             use_quantized_weights)
 from .prepared import PANELS, load_prepared, prepared_path, save_prepared
 
 
@@ -49,11 +50,12 @@ def resolve_model_path(model: str | None) -> Path:
 
 
 #: what `--dtype` accepts besides auto: bf16w = bf16 weights, fp32 compute (native kernel);
-#: bf16x = bf16 weights, matmul inputs rounded to bf16 (AMX or avx512_bf16 kernels)
-PRECISIONS = ("bf16", "fp16", "fp32", "bf16w", "bf16x")
+#: bf16x = bf16 weights, matmul inputs rounded to bf16 (AMX or avx512_bf16 kernels);
+#: gguf = a quantized GGUF file's blocks as stored, fp32 compute (`quantized`)
+PRECISIONS = ("bf16", "fp16", "fp32", "bf16w", "bf16x", "gguf")
 _ALIASES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 _COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "bf16w": torch.float32,
-            "bf16x": torch.float32}
+            "bf16x": torch.float32, "gguf": torch.float32}
 
 
 def cpu_has_bf16() -> bool:
@@ -72,6 +74,22 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
     p = _ALIASES.get(name, name)
     if p not in PRECISIONS:
         raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(PRECISIONS)}")
+    cpu = torch.device(device).type == "cpu"
+    if p == "gguf":
+        from . import cpu_kernels
+
+        if not cpu:
+            raise ValueError("--dtype gguf is a CPU precision (a GGUF file's blocks through the native kernel)")
+        if not cpu_kernels.available():
+            raise ValueError(f"--dtype gguf needs the native CPU kernels: {cpu_kernels.why_unavailable()}")
+    if p == "bf16" and cpu:
+        # oneDNN's bf16 matmuls choose their blocking by shape: speculative output would
+        # differ from plain output (on an avx512_bf16 EPYC, in 8 of 14 served replies).
+        # On a CPU bf16 therefore means the batch-invariant bf16 kernels.
+        from . import cpu_kernels, cpu_matmul
+
+        if cpu_kernels.available():
+            return "bf16x" if cpu_matmul.bf16x_kernel() is not None else "bf16w"
     if p == "bf16w":
         from . import cpu_kernels
 
@@ -99,7 +117,11 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
 #: run does it fall back to torch's matmuls, which are batch-invariant on some CPUs and
 #: not on others (a 2-core AVX2 EPYC: not), and a load then says so
 #: (`fp32_rows_invariant`).
-BATCH_INVARIANT_CPU = ("bf16w", "bf16x", "fp32")
+BATCH_INVARIANT_CPU = ("bf16w", "bf16x", "fp32", "gguf")
+
+#: the precisions `auto` measures against each other (gguf is not measured: a quantized
+#: file is served as stored)
+MEASURED_CPU = ("bf16w", "bf16x", "fp32")
 
 NOT_INVARIANT_WARNING = (
     "dtype bf16 on a CPU runs oneDNN kernels that choose their blocking by shape: a token's logits can "
@@ -177,7 +199,7 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     ws = [torch.randn(*shape, generator=gen) * 0.02 for _ in range(count)]
     xs = [torch.randn(m, cfg.hidden_size, generator=gen) for m in MEASURE_ROWS]
     forwards: dict[str, list] = {}
-    for name in BATCH_INVARIANT_CPU:
+    for name in MEASURED_CPU:
         if name == "bf16x" and (cpu_matmul.bf16x_kernel() is None or cfg.hidden_size % 32):
             continue
         fwds = []
@@ -253,7 +275,7 @@ def cached_choose_precision(cfg: ModelConfig) -> tuple[str, str]:
     f = _precision_cache_file(cfg)
     try:
         saved = json.loads(f.read_text())
-        if saved["precision"] in BATCH_INVARIANT_CPU:
+        if saved["precision"] in MEASURED_CPU:
             return saved["precision"], saved["line"] + f"  [measured earlier; delete {f} to measure again]"
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -276,6 +298,12 @@ def cached_choose_precision(cfg: ModelConfig) -> tuple[str, str]:
         except OSError:
             pass  # an unwritable cache costs only the measurement next time
     return best, line
+
+
+def _gguf_runs() -> bool:
+    from . import cpu_kernels
+
+    return cpu_kernels.available()
 
 
 def default_device() -> torch.device:
@@ -357,10 +385,18 @@ def load_transformer(
     precision = dtype if isinstance(dtype, str) else {v: k for k, v in _COMPUTE.items()
                                                       if k not in ("bf16w", "bf16x")}[dtype]
     precision = parse_precision(precision, device)
-    if precision == "auto":
+    from .quantized import describe, has_quantized, model_matrices, read_quantized
+
+    quantized = has_quantized(path)
+    if precision == "auto" and quantized and _gguf_runs():
+        precision = "gguf"  # a quantized file is served as stored, never rounded to another type
+    elif precision == "auto":
         precision, line = cached_choose_precision(cfg)
         if log is not None:
             log(line)
+    if precision == "gguf" and not quantized:
+        raise ModelLoadError(f"--dtype gguf serves a quantized GGUF file's blocks; {path} was not made from one "
+                             "(pass the .gguf file as --model, or choose another --dtype)")
     elif precision == "bf16" and torch.device(device).type == "cpu" and log is not None:
         log(NOT_INVARIANT_WARNING)
     device = torch.device(device)
@@ -370,7 +406,7 @@ def load_transformer(
     if precision == "fp32" and device.type == "cpu" and not f32_panels and log is not None \
             and not fp32_rows_invariant(cfg.hidden_size):
         log(FP32_NOT_INVARIANT_NOTE)
-    cache_file = prepared_path(path, precision) if device.type == "cpu" else None
+    cache_file = prepared_path(path, precision) if device.type == "cpu" and precision != "gguf" else None
     tensors = load_prepared(cache_file)
     fresh = tensors is None
     if fresh:
@@ -393,7 +429,12 @@ def load_transformer(
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    if precision in ("bf16w", "bf16x"):
+    if precision == "gguf":
+        matrices = model_matrices(cfg, read_quantized(path))
+        use_quantized_weights(model, matrices)
+        if log is not None:
+            log(f"dtype gguf: the file's blocks as stored, fp32 compute ({describe(matrices)})")
+    elif precision in ("bf16w", "bf16x"):
         use_bf16_weights(model, panels, kind=precision)
     elif f32_panels:
         use_f32_panels(model, panels)

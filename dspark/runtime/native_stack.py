@@ -1,5 +1,6 @@
 """A model's decoder layers in one native call (kernels/decoder_f32.c), for weights
-in a native kernel's panels (bf16w, bf16x, or fp32 on a CPU: f32w).
+in a native kernel's panels (bf16w, bf16x, or fp32 on a CPU: f32w) or a GGUF file's
+blocks (the gguf precision: each linear a `quantized.QuantMatrix` descriptor).
 
 The layer-by-layer path makes about ten calls into the native kernels per layer, each
 from Python with its argument checks and new output tensors: some 300 calls and a few
@@ -36,7 +37,7 @@ def _packed(mod: nn.Linear) -> torch.Tensor | None:
 
 
 #: the kernel's code for each weight kind (kernels/decoder_f32.c `gemm`)
-_KINDS = {"bf16w": 0, "bf16x": 1, "f32w": 2}
+_KINDS = {"bf16w": 0, "bf16x": 1, "f32w": 2, "q": 3}
 
 
 def _one_kind(mods) -> str | None:
@@ -127,7 +128,7 @@ class NativeStack:
                                                     layer.self_attn.v_proj, layer.self_attn.o_proj,
                                                     layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
         kind = _one_kind(lins_all + ([fc] if fc is not None else []))
-        if kind is None:
+        if kind is None or kind == "q":  # a quantized matrix is a descriptor: not fused here
             return None
         context = None
         if fc is not None:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_matmul import PackedBf16, PackedBf16Dot, PackedF32, gemm_bf16w, gemm_bf16x, gemm_f32w
+from .quantized import QuantMatrix, gemm_quant
 
 
 class _PackedLinearForward:
@@ -120,9 +121,42 @@ class _F32PanelLinearForward(_NativeLinearForward):
         return gemm_f32w(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
 
 
+class _QuantLinearForward(_NativeLinearForward):
+    """The `gguf` precision's linear: the file's blocks read in place by the native
+    kernel (`quantized.gemm_quant`), each weight its exact dequantized fp32 value.
+    Autograd keeps the plain path over the module's (dequantized fp32) weight."""
+
+    def __init__(self, module: nn.Linear, packed: QuantMatrix) -> None:
+        if (packed.out_features, packed.in_features) != (module.out_features, module.in_features):
+            raise ValueError(f"blocks of [{packed.out_features}, {packed.in_features}] for a linear of "
+                             f"[{module.out_features}, {module.in_features}]")
+        self.module = module
+        self.packed = packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
+            return F.linear(x, m.weight.to(x.dtype), None if m.bias is None else m.bias.to(x.dtype))
+        return gemm_quant(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
+
+
+def use_quantized_weights(model: nn.Module, matrices: dict[str, QuantMatrix]) -> int:
+    """Run each linear of `model` named in `matrices` through the gguf kernel over its
+    blocks. Returns how many were switched."""
+    n = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and name in matrices:
+            mod.forward = _QuantLinearForward(mod, matrices[name])
+            n += 1
+    return n
+
+
 def weight_kind(mod: nn.Module) -> str | None:
-    """"bf16w", "bf16x" or "f32w" for a linear switched to a native kernel, else None."""
+    """"bf16w", "bf16x", "f32w" or "q" (a GGUF file's blocks) for a linear switched to a
+    native kernel, else None."""
     fwd = mod.__dict__.get("forward")
+    if isinstance(fwd, _QuantLinearForward):
+        return "q"
     if isinstance(fwd, _Bf16DotLinearForward):
         return "bf16x"
     if isinstance(fwd, _F32PanelLinearForward):

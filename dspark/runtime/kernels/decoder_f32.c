@@ -1,4 +1,4 @@
-/* A model's decoder layers in one call (bf16w, bf16x or f32w weights): the same kernels, in the same order, as
+/* A model's decoder layers in one call (bf16w, bf16x, f32w or GGUF-quantized weights): the same kernels, in the same order, as
  * the layer-by-layer path of dspark/runtime/model.py (`DecoderLayer.forward` with the
  * native kernels), so the two give the same bits. What it saves is the interpreter:
  * a decode step of a 30-layer model otherwise makes some 300 calls from Python, each
@@ -20,10 +20,13 @@
 #include "kernels.h"
 
 /* The layers' matmul: 0 = bf16w (bf16 weights, fp32 activations), 1 = bf16x (bf16
- * activations, see gemm_bf16dot.c), 2 = f32w (fp32 weights); all batch-invariant. */
+ * activations, see gemm_bf16dot.c), 2 = f32w (fp32 weights), 3 = a GGUF file's blocks
+ * (wp: a descriptor, see gemm_quant.c); all batch-invariant. */
 static void gemm(int kind, const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N,
                  int64_t K, int threads) {
-    if (kind == 2)
+    if (kind == 3)
+        dspark_gemm_quant(x, (const int64_t *)wp, bias, y, M, N, K, threads);
+    else if (kind == 2)
         dspark_gemm_f32w_packed(x, (const float *)wp, bias, y, M, N, K, threads);
     else if (kind == 1)
         dspark_gemm_bf16x_packed(x, (const uint16_t *)wp, bias, y, M, N, K, threads);

@@ -22,4 +22,7 @@ void dspark_silu_mul_f32(const float *gu, float *out, int64_t M, int64_t I, int 
 void dspark_rope_f32(float *x, int64_t row, const float *cos, const float *sin, int64_t N, int64_t heads,
                      int64_t D);
 
+void dspark_gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads);
+
 #endif

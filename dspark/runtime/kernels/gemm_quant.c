@@ -1,0 +1,448 @@
+/* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) over a GGUF file's weights as stored:
+ * the `gguf` precision. fp32 activations and accumulation; every weight is its exact
+ * dequantized fp32 value (what ggml's dequantize_row_* and the `gguf` package give, and
+ * so what transformers builds from the file).
+ *
+ * Block layouts (ggml-common.h), a row of K weights being K / block consecutive blocks:
+ *   Q4_0  32: fp16 d, 16 bytes; low nibbles are weights 0-15, high 16-31; w = d (q - 8)
+ *   Q4_1  32: fp16 d, fp16 m, 16 bytes as Q4_0;                        w = d q + m
+ *   Q5_0  32: fp16 d, 32-bit mask of fifth bits, 16 bytes as Q4_0;       w = d (q - 16)
+ *   Q5_1  32: fp16 d, fp16 m, mask, 16 bytes;                           w = d q + m
+ *   Q8_0  32: fp16 d, 32 int8;                                          w = d q
+ *   Q4_K 256: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes: eight
+ *             sub-blocks of 32 (64 weights per 32 bytes: low nibbles then high);
+ *             w = (d sc) q - (dmin m)
+ *   Q5_K 256: as Q4_K plus 32 bytes of fifth bits (bit j of byte l: weight 32 j + l)
+ *   Q6_K 256: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d
+ *             last; w = (d sc) (q - 32), sixteen sub-blocks of 16
+ *   F32, F16, BF16: one weight per element (treated as blocks of 32 here).
+ * Each product above is exact in fp32 (at most 11 + 7 + 6 significant bits), so the
+ * only rounding is the one subtraction or addition of Q4_1, Q5_1, Q4_K and Q5_K, done
+ * once in fp32 as ggml does.
+ *
+ * The matmul reads each weight row's blocks in place (no repacking: a Q4_K row streams
+ * 0.5625 bytes a weight, Q5_0 0.6875, Q8_0 1.0625), dequantizes a tile of rows into a
+ * per-thread fp32 scratch and runs dot products against it. Every output element is the
+ * same sequence whatever M, the tile it falls in, the ISA and the thread count:
+ *   sixteen lane sums s[l] = FMA chain over k = l, l + 16, l + 32, ... ascending from 0;
+ *   then t[l] = s[l] + s[l + 8] (l < 8), u[l] = t[l] + t[l + 4], v[l] = u[l] + u[l + 2],
+ *   r = v[0] + v[1], and r + bias[n] where there is a bias.
+ * A token's logits therefore do not depend on what shares its step. The AVX-512 and
+ * AVX2 variants and the scalar reference (`dspark_gemm_quant_ref`) compute exactly that,
+ * bit for bit (tests/test_quant_kernels.py).
+ *
+ * A matrix is a descriptor of int64s: [segments, then per segment: ggml type, rows,
+ * bytes per row, address of its first row] (a fused q|k|v projection is three
+ * segments, possibly of three types).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels.h"
+
+enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q4_K = 12,
+       GT_Q5_K = 13, GT_Q6_K = 14, GT_BF16 = 30 };
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Weights per block, and bytes per block, of a type (0: not readable here). */
+int64_t dspark_quant_block(int type, int64_t *bytes) {
+    int64_t b = 0, n = 32;
+    switch (type) {
+        case GT_F32: b = 128; break;
+        case GT_F16: case GT_BF16: b = 64; break;
+        case GT_Q4_0: b = 18; break;
+        case GT_Q4_1: b = 20; break;
+        case GT_Q5_0: b = 22; break;
+        case GT_Q5_1: b = 24; break;
+        case GT_Q8_0: b = 34; break;
+        case GT_Q4_K: n = 256; b = 144; break;
+        case GT_Q5_K: n = 256; b = 176; break;
+        case GT_Q6_K: n = 256; b = 210; break;
+        default: n = 0;
+    }
+    if (bytes) *bytes = b;
+    return n;
+}
+
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* One row of K weights (a multiple of the type's block) -> fp32. Plain C: the compiler
+ * vectorizes the inner loops; every value is exact or rounded once, so any vector
+ * width gives the same bits. */
+static void dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    int64_t bb;
+    const int64_t bs = dspark_quant_block(type, &bb);
+    const int64_t nb = K / bs;
+    switch (type) {
+        case GT_F32:
+            memcpy(out, row, K * sizeof(float));
+            return;
+        case GT_F16:
+            for (int64_t i = 0; i < K; i += 8)
+                _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i))));
+            return;
+        case GT_BF16:
+            for (int64_t i = 0; i < K; i++) {
+                uint32_t u = (uint32_t)((const uint16_t *)row)[i] << 16;
+                memcpy(out + i, &u, 4);
+            }
+            return;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        float *restrict y = out + b * bs;
+        switch (type) {
+            case GT_Q4_0: {
+                const float d = h2f(blk);
+                const uint8_t *qs = blk + 2;
+                for (int j = 0; j < 16; j++) {
+                    y[j] = d * (float)((int)(qs[j] & 15) - 8);
+                    y[j + 16] = d * (float)((int)(qs[j] >> 4) - 8);
+                }
+                break;
+            }
+            case GT_Q4_1: {
+                const float d = h2f(blk), m = h2f(blk + 2);
+                const uint8_t *qs = blk + 4;
+                for (int j = 0; j < 16; j++) {
+                    y[j] = d * (float)(qs[j] & 15) + m;
+                    y[j + 16] = d * (float)(qs[j] >> 4) + m;
+                }
+                break;
+            }
+            case GT_Q5_0: case GT_Q5_1: {
+                const int one = type == GT_Q5_1;
+                const float d = h2f(blk), m = one ? h2f(blk + 2) : 0.0f;
+                uint32_t qh;
+                memcpy(&qh, blk + 2 + 2 * one, 4);
+                const uint8_t *qs = blk + 6 + 2 * one;
+                if (one) {
+                    for (int j = 0; j < 16; j++) {
+                        y[j] = d * (float)((qs[j] & 15) | (((qh >> j) & 1) << 4)) + m;
+                        y[j + 16] = d * (float)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
+                    }
+                } else {
+                    for (int j = 0; j < 16; j++) {
+                        y[j] = d * (float)((int)((qs[j] & 15) | (((qh >> j) & 1) << 4)) - 16);
+                        y[j + 16] = d * (float)((int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+                    }
+                }
+                break;
+            }
+            case GT_Q8_0: {
+                const float d = h2f(blk);
+                const int8_t *qs = (const int8_t *)(blk + 2);
+                for (int j = 0; j < 32; j++) y[j] = d * (float)qs[j];
+                break;
+            }
+            case GT_Q4_K: case GT_Q5_K: {
+                const float d = h2f(blk), dmin = h2f(blk + 2);
+                const uint8_t *scales = blk + 4;
+                const int five = type == GT_Q5_K;
+                const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
+                for (int g = 0; g < 4; g++) {
+                    int sc1, m1, sc2, m2;
+                    scale_min_k4(2 * g, scales, &sc1, &m1);
+                    scale_min_k4(2 * g + 1, scales, &sc2, &m2);
+                    const float d1 = d * (float)sc1, o1 = dmin * (float)m1;
+                    const float d2 = d * (float)sc2, o2 = dmin * (float)m2;
+                    const uint8_t *q = qs + 32 * g;
+                    float *yy = y + 64 * g;
+                    if (five) {
+                        for (int l = 0; l < 32; l++) {
+                            yy[l] = d1 * (float)((q[l] & 15) | (((qh[l] >> (2 * g)) & 1) << 4)) - o1;
+                            yy[l + 32] = d2 * (float)((q[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4)) - o2;
+                        }
+                    } else {
+                        for (int l = 0; l < 32; l++) {
+                            yy[l] = d1 * (float)(q[l] & 15) - o1;
+                            yy[l + 32] = d2 * (float)(q[l] >> 4) - o2;
+                        }
+                    }
+                }
+                break;
+            }
+            case GT_Q6_K: {
+                const uint8_t *ql = blk, *qh = blk + 128;
+                const int8_t *sc = (const int8_t *)(blk + 192);
+                const float d = h2f(blk + 208);
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *l0 = ql + 64 * half, *h0 = qh + 32 * half;
+                    const int8_t *s = sc + 8 * half;
+                    float *yy = y + 128 * half;
+                    for (int l = 0; l < 32; l++) {
+                        const int is = l / 16;
+                        yy[l] = (d * (float)s[is]) * (float)((int)((l0[l] & 15) | ((h0[l] & 3) << 4)) - 32);
+                        yy[l + 32] = (d * (float)s[is + 2]) *
+                                     (float)((int)((l0[l + 32] & 15) | (((h0[l] >> 2) & 3) << 4)) - 32);
+                        yy[l + 64] = (d * (float)s[is + 4]) *
+                                     (float)((int)((l0[l] >> 4) | (((h0[l] >> 4) & 3) << 4)) - 32);
+                        yy[l + 96] = (d * (float)s[is + 6]) *
+                                     (float)((int)((l0[l + 32] >> 4) | (((h0[l] >> 6) & 3) << 4)) - 32);
+                    }
+                }
+                break;
+            }
+        }
+    }
+}
+
+/* The exact fp32 values of `rows` rows (for tests and for embeddings). */
+void dspark_dequant_rows(int type, const uint8_t *data, int64_t row_bytes, int64_t rows, int64_t K, float *out) {
+    for (int64_t r = 0; r < rows; r++) dequant_row(type, data + r * row_bytes, K, out + r * K);
+}
+
+/* The reduction every variant ends with (see the top of this file). */
+static inline float reduce16(const float *s) {
+    float t[8], u[4], v[2];
+    for (int l = 0; l < 8; l++) t[l] = s[l] + s[l + 8];
+    for (int l = 0; l < 4; l++) u[l] = t[l] + t[l + 4];
+    for (int l = 0; l < 2; l++) v[l] = u[l] + u[l + 2];
+    return v[0] + v[1];
+}
+
+static inline float reduce256(__m256 lo, __m256 hi) {
+    __m256 t = _mm256_add_ps(lo, hi);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
+}
+
+/* ---- micro-kernels: MR rows of x against NC dequantized rows w [NC][K] ------------- */
+static inline __attribute__((always_inline)) T512 void micro512(const float *x, int64_t ldx, const float *w,
+                                                                 int64_t K, float *y, int64_t ldy,
+                                                                 const float *bias, int MR, int NC) {
+    __m512 acc[6][8];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 wv[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) wv[j] = _mm512_loadu_ps(w + j * K + k);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NC; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) {
+            float r = reduce256(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
+            y[i * ldy + j] = bias ? r + bias[j] : r;
+        }
+}
+
+static inline __attribute__((always_inline)) void micro256(const float *x, int64_t ldx, const float *w, int64_t K,
+                                                           float *y, int64_t ldy, const float *bias, int MR,
+                                                           int NC) {
+    __m256 acc[3][4][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m256 x0 = _mm256_loadu_ps(x + i * ldx + k), x1 = _mm256_loadu_ps(x + i * ldx + k + 8);
+#pragma GCC unroll 8
+            for (int j = 0; j < NC; j++) {
+                acc[i][j][0] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + j * K + k), acc[i][j][0]);
+                acc[i][j][1] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + j * K + k + 8), acc[i][j][1]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) {
+            float r = reduce256(acc[i][j][0], acc[i][j][1]);
+            y[i * ldy + j] = bias ? r + bias[j] : r;
+        }
+}
+
+/* Every row of x against `nc` (<= 8) dequantized rows: tiles of rows by columns, their
+ * shapes chosen for registers only (each output's sequence is the same in all). */
+static T512 void tile512(const float *x, int64_t M, const float *w, int nc, int64_t K, float *y, int64_t ldy,
+                         const float *bias) {
+    for (int64_t m = 0; m < M;) {
+        const int64_t r = M - m;
+        const float *xm = x + m * K;
+        float *ym = y + m * ldy;
+        if (r <= 2) {  /* one or two rows: all 8 columns at once, 8 or 16 chains */
+            for (int j = 0; j < nc;) {
+                const int take = nc - j;
+                const float *b = bias ? bias + j : 0;
+#define C(mr, n) micro512(xm, K, w + j * K, K, ym + j, ldy, b, mr, n)
+                if (r == 2) {
+                    if (take >= 8) { C(2, 8); j += 8; } else if (take >= 4) { C(2, 4); j += 4; }
+                    else if (take >= 2) { C(2, 2); j += 2; } else { C(2, 1); j += 1; }
+                } else {
+                    if (take >= 8) { C(1, 8); j += 8; } else if (take >= 4) { C(1, 4); j += 4; }
+                    else if (take >= 2) { C(1, 2); j += 2; } else { C(1, 1); j += 1; }
+                }
+            }
+            m += r;
+            continue;
+        }
+        const int mr = r >= 6 ? 6 : (int)r;
+        for (int j = 0; j < nc;) {
+            const int take = nc - j;
+            const float *b = bias ? bias + j : 0;
+#define ROWS(n)                                              \
+    switch (mr) {                                            \
+        case 6: C(6, n); break;                              \
+        case 5: C(5, n); break;                              \
+        case 4: C(4, n); break;                              \
+        default: C(3, n); break;                             \
+    }
+            if (take >= 4) { ROWS(4) j += 4; } else if (take >= 2) { ROWS(2) j += 2; } else { ROWS(1) j += 1; }
+#undef ROWS
+#undef C
+        }
+        m += mr;
+    }
+}
+
+static void tile256(const float *x, int64_t M, const float *w, int nc, int64_t K, float *y, int64_t ldy,
+                    const float *bias) {
+    for (int64_t m = 0; m < M;) {
+        const int64_t r = M - m;
+        const int mr = r >= 3 ? 3 : (int)r;
+        const float *xm = x + m * K;
+        float *ym = y + m * ldy;
+        for (int j = 0; j < nc;) {
+            const int take = nc - j;
+            const float *b = bias ? bias + j : 0;
+#define C(mr_, n) micro256(xm, K, w + j * K, K, ym + j, ldy, b, mr_, n)
+            if (mr == 1) {
+                if (take >= 4) { C(1, 4); j += 4; } else if (take >= 2) { C(1, 2); j += 2; } else { C(1, 1); j += 1; }
+            } else if (mr == 2) {
+                if (take >= 2) { C(2, 2); j += 2; } else { C(2, 1); j += 1; }
+            } else {
+                if (take >= 2) { C(3, 2); j += 2; } else { C(3, 1); j += 1; }
+            }
+#undef C
+        }
+        m += mr;
+    }
+}
+
+/* 512: the AVX-512 micro-kernels, 256: AVX2; follows the bf16w kernel's choice. */
+static int quant_isa(void) { return dspark_gemm_bf16w_isa(); }
+
+/* A thread's scratch of at least n floats, kept between calls (a fresh 150 KB block
+ * per call would be an mmap and munmap for each matmul of a decode step). */
+static float *scratch(int64_t n) {
+    static __thread float *buf;
+    static __thread int64_t cap;
+    if (n > cap) {
+        free(buf);
+        cap = (n + 1023) / 1024 * 1024;
+        buf = aligned_alloc(64, (size_t)cap * sizeof(float));
+        if (!buf) cap = 0;
+    }
+    return buf;
+}
+
+/* Columns dequantized per tile: 8 rows of W (8 dot products for one row of x). */
+#define NC_TILE 8
+
+/* Checks a descriptor: every type readable, K a multiple of its block. Returns the
+ * total rows, or -1. */
+int64_t dspark_quant_rows(const int64_t *desc, int64_t K) {
+    int64_t n = 0;
+    for (int64_t s = 0; s < desc[0]; s++) {
+        const int64_t *g = desc + 1 + 4 * s;
+        int64_t bb;
+        const int64_t bs = dspark_quant_block((int)g[0], &bb);
+        if (!bs || K % bs || K % 16 || g[2] != K / bs * bb) return -1;
+        n += g[1];
+    }
+    return n;
+}
+
+static void gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads, int isa) {
+    const int64_t tiles_total = (N + NC_TILE - 1) / NC_TILE + desc[0];  /* an upper bound over segments */
+    if (threads < 1) threads = 1;
+    if (threads > tiles_total) threads = (int)tiles_total;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int t = 0, nt = 1;
+#endif
+        float *w = scratch(NC_TILE * K);
+        /* this thread's columns: [N t / nt, N (t + 1) / nt), cut at NC_TILE multiples */
+        const int64_t c0 = (N * t / nt) / NC_TILE * NC_TILE;
+        const int64_t c1 = t == nt - 1 ? N : (N * (t + 1) / nt) / NC_TILE * NC_TILE;
+        int64_t base = 0;
+        for (int64_t s = 0; s < desc[0] && w; s++) {
+            const int64_t *g = desc + 1 + 4 * s;
+            const int type = (int)g[0];
+            const int64_t rows = g[1], rb = g[2];
+            const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
+            int64_t lo = c0 > base ? c0 : base, hi = c1 < base + rows ? c1 : base + rows;
+            for (int64_t c = lo; c < hi; c += NC_TILE) {
+                const int nc = (int)(hi - c < NC_TILE ? hi - c : NC_TILE);
+                for (int j = 0; j < nc; j++) dequant_row(type, data + (c - base + j) * rb, K, w + j * K);
+                const float *b = bias ? bias + c : 0;
+                if (isa == 512) tile512(x, M, w, nc, K, y + c, N, b);
+                else tile256(x, M, w, nc, K, y + c, N, b);
+            }
+            base += rows;
+        }
+    }
+}
+
+void dspark_gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads) {
+    gemm_quant(x, desc, bias, y, M, N, K, threads, quant_isa());
+}
+
+/* The scalar reference: the same sequence per output, one element at a time. */
+void dspark_gemm_quant_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
+                           int64_t K) {
+    float *w = malloc((size_t)K * sizeof(float));
+    int64_t n = 0;
+    for (int64_t s = 0; s < desc[0] && w; s++) {
+        const int64_t *g = desc + 1 + 4 * s;
+        for (int64_t r = 0; r < g[1]; r++, n++) {
+            dequant_row((int)g[0], (const uint8_t *)(intptr_t)g[3] + r * g[2], K, w);
+            for (int64_t m = 0; m < M; m++) {
+                float acc[16] = {0};
+                for (int64_t k = 0; k < K; k += 16)
+                    for (int l = 0; l < 16; l++) acc[l] = __builtin_fmaf(x[m * K + k + l], w[k + l], acc[l]);
+                const float v = reduce16(acc);
+                y[m * N + n] = bias ? v + bias[n] : v;
+            }
+        }
+    }
+    free(w);
+}

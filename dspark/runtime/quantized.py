@@ -1,0 +1,267 @@
+"""A GGUF file's weights as stored: the `gguf` precision.
+
+A quantized GGUF (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K tensors, and F16, BF16,
+F32 ones beside them) is served with each linear's blocks read in place by the native
+kernel (kernels/gemm_quant.c): every weight is exactly its dequantized fp32 value (the
+value transformers builds from the file), activations and accumulation are fp32, and
+each output is one fixed sequence of operations whatever else shares the step. So the
+model served is the file's model, and speculative, batched and chunked decoding give
+bit for bit what plain decoding gives.
+
+- `write_quantized`: at conversion (`gguf_model.gguf_model_dir`), every linear's raw
+  blocks go to `quantized.safetensors` beside the dequantized checkpoint, under the
+  Hugging Face names, rows in the checkpoint's order (a Llama file's q and k rows are
+  permuted back as transformers does; checked row by row against the checkpoint);
+- `QuantMatrix`: one linear's blocks (one segment per source tensor: a fused q|k|v
+  projection is three, possibly of three types) and the kernel's descriptor;
+- `use_quantized_weights`: switches a loaded model's linears to the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from dspark.errors import UserError
+
+from .cpu_kernels import load, why_unavailable
+
+#: the file beside a converted checkpoint that holds its linears' blocks, and the note
+#: that says whether there are any (or why they cannot be served)
+QUANTIZED_FILE = "quantized.safetensors"
+QUANTIZED_NOTE = "quantized.json"
+
+#: ggml type ids the kernel reads (ggml.h `enum ggml_type`)
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
+         "Q6_K": 14, "BF16": 30}
+TYPE_NAMES = {v: k for k, v in TYPES.items()}
+#: (weights, bytes) per block
+BLOCKS = {"F32": (32, 128), "F16": (32, 64), "BF16": (32, 64), "Q4_0": (32, 18), "Q4_1": (32, 20),
+          "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
+          "Q6_K": (256, 210)}
+QUANTIZED_TYPES = tuple(t for t in TYPES if t not in ("F32", "F16", "BF16"))
+
+#: GGUF tensor names of a layer's linears -> the Hugging Face names
+_LAYER_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                  "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                  "ffn_down": "mlp.down_proj"}
+
+
+class QuantError(UserError, ValueError):
+    pass
+
+
+def _lib():
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"the gguf precision needs the native CPU kernels: {why_unavailable()}")
+    return lib
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF linear's weight (None: not a linear)."""
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in _LAYER_LINEARS:
+        return f"model.layers.{parts[1]}.{_LAYER_LINEARS[parts[2]]}.weight"
+    return None
+
+
+class QuantMatrix:
+    """A weight [N, K] as blocks: `segments` of (type name, uint8 [rows, row bytes]),
+    stacked by rows. `data`: the kernel's descriptor (int64: segments, then per
+    segment type, rows, row bytes, address), valid while this object lives."""
+
+    def __init__(self, segments: list[tuple[str, torch.Tensor]], in_features: int) -> None:
+        desc = [len(segments)]
+        self.segments = []
+        for name, blocks in segments:
+            if name not in TYPES:
+                raise QuantError(f"tensor type {name} is not one the gguf kernel reads ({', '.join(TYPES)})")
+            per, nbytes = BLOCKS[name]
+            if in_features % per or in_features % 16:
+                raise QuantError(f"rows of {in_features} weights are not whole {name} blocks of {per}")
+            blocks = blocks.detach().contiguous()
+            if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != in_features // per * nbytes:
+                raise QuantError(f"{name} blocks {tuple(blocks.shape)} do not hold rows of {in_features} weights")
+            self.segments.append((name, blocks))
+            desc += [TYPES[name], blocks.shape[0], blocks.shape[1], blocks.data_ptr()]
+        self.data = torch.tensor(desc, dtype=torch.int64)
+        self.in_features = in_features
+        self.out_features = sum(b.shape[0] for _, b in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for _, b in self.segments)
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact fp32 weight [N, K]."""
+        lib = _lib()
+        out = torch.empty(self.out_features, self.in_features)
+        row = 0
+        for name, blocks in self.segments:
+            lib.dspark_dequant_rows(TYPES[name], blocks.data_ptr(), blocks.shape[1], blocks.shape[0],
+                                    self.in_features, out[row].data_ptr() if blocks.shape[0] else 0)
+            row += blocks.shape[0]
+        return out
+
+
+def gemm_quant(x: torch.Tensor, w: QuantMatrix, bias: torch.Tensor | None = None, reference: bool = False
+               ) -> torch.Tensor:
+    """x [..., K] fp32 times the blocks' weight [N, K] transposed (+ bias) -> [..., N]
+    fp32. `reference`: the scalar reference (same bits, one element at a time)."""
+    lib = _lib()
+    if x.shape[-1] != w.in_features:
+        raise ValueError(f"gemm_quant: input of {x.shape[-1]} features for a weight of {w.in_features}")
+    rows = x.reshape(-1, w.in_features).to(torch.float32).contiguous()
+    out = rows.new_empty(rows.shape[0], w.out_features)
+    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    if rows.shape[0]:
+        args = (rows.data_ptr(), w.data.data_ptr(), None if b is None else b.data_ptr(), out.data_ptr(),
+                rows.shape[0], w.out_features, w.in_features)
+        if reference:
+            lib.dspark_gemm_quant_ref(*args)
+        else:
+            lib.dspark_gemm_quant(*args, torch.get_num_threads())
+    return out.view(*x.shape[:-1], w.out_features)
+
+
+# ---- conversion ------------------------------------------------------------------------
+
+def _llama_unpermute(rows: int, heads: int) -> torch.Tensor:
+    """The row order transformers gives a Llama GGUF's q or k weight (its GGUF reader
+    undoes the converter's rotary permutation): checkpoint row i is file row order[i]."""
+    dim = rows // heads // 2
+    return torch.arange(rows).reshape(heads, 2, dim).transpose(1, 2).reshape(rows)
+
+
+def write_quantized(gguf: Path, out_dir: Path) -> dict[str, int] | None:
+    """Write the file's linears' blocks to `out_dir/quantized.safetensors`, rows in the
+    order of the dequantized checkpoint already in `out_dir` (each tensor checked row by
+    row against it: the kernel's values must be the checkpoint's bit for bit). Returns a
+    count of tensors by type, or None (and writes nothing) where no linear is quantized
+    or the kernels cannot run. Raises QuantError for a type the kernel cannot read."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    if load() is None:
+        return None
+    reader = GGUFReader(str(gguf))
+    linears = [(t, hf_name(t.name)) for t in reader.tensors if hf_name(t.name)]
+    types = {t.name: GGMLQuantizationType(int(t.tensor_type)).name for t, _ in linears}
+    if not any(v in QUANTIZED_TYPES for v in types.values()):
+        return None
+    for t, _ in linears:
+        if types[t.name] not in TYPES:
+            raise QuantError(f"{gguf.name}: tensor {t.name} is {types[t.name]}, which dspark's gguf kernel cannot "
+                             f"read (it reads {', '.join(TYPES)}); requantize the file with one of these "
+                             "(e.g. llama-quantize ... Q4_K_M) or pass --dtype fp32 to dequantize it")
+    cfg = json.loads((out_dir / "config.json").read_text())
+    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    arch = str(cfg.get("model_type", ""))
+    blocks: dict[str, torch.Tensor] = {}
+    meta: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    with safe_open(str(out_dir / "model.safetensors"), framework="pt") as ref:
+        keys = set(ref.keys())
+        for t, name in linears:
+            k = int(t.shape[0])
+            rows = int(t.n_elements) // k
+            raw = torch.from_numpy(np.ascontiguousarray(np.asarray(t.data)).view(np.uint8).reshape(rows, -1).copy())
+            qm = QuantMatrix([(types[t.name], raw)], k)
+            if name not in keys:
+                raise QuantError(f"{gguf.name}: {t.name} ({name}) is not in the converted checkpoint")
+            want = ref.get_tensor(name).to(torch.float32)
+            got = qm.dequantize()
+            if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+                order = None
+                if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                    order = _llama_unpermute(rows, heads if name.endswith("q_proj.weight") else kv_heads)
+                if order is None or not torch.equal(got[order].view(torch.int32), want.view(torch.int32)):
+                    raise QuantError(f"{gguf.name}: {t.name} dequantized here differs from transformers' "
+                                     "conversion of the same file; serve it with --dtype fp32")
+                raw = raw[order].contiguous()
+            blocks[name] = raw
+            meta[name] = types[t.name]
+            counts[types[t.name]] = counts.get(types[t.name], 0) + 1
+    tmp = out_dir / f"{QUANTIZED_FILE}.tmp{os.getpid()}"
+    save_file(blocks, str(tmp), metadata={"types": json.dumps(meta), "source": gguf.name})
+    os.replace(tmp, out_dir / QUANTIZED_FILE)
+    return counts
+
+
+def read_quantized(model_dir: Path) -> dict[str, tuple[str, torch.Tensor]]:
+    """`quantized.safetensors` of a converted checkpoint: HF name -> (type, blocks)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(model_dir) / QUANTIZED_FILE), framework="pt") as fh:
+        types = json.loads(fh.metadata()["types"])
+        return {k: (types[k], fh.get_tensor(k)) for k in fh.keys()}
+
+
+def has_quantized(model_dir: Path) -> bool:
+    """Whether the checkpoint was made from a quantized GGUF (raises QuantError where
+    that file holds a type the kernel cannot read)."""
+    model_dir = Path(model_dir)
+    try:
+        note = json.loads((model_dir / QUANTIZED_NOTE).read_text())
+    except (OSError, ValueError):
+        note = {}
+    if note.get("unreadable"):
+        raise QuantError(note["unreadable"])
+    return (model_dir / QUANTIZED_FILE).is_file()
+
+
+def ensure_quantized(gguf: Path, out_dir: Path) -> None:
+    """`write_quantized` once per converted checkpoint (its note says it was done)."""
+    note = out_dir / QUANTIZED_NOTE
+    if note.is_file() or load() is None:
+        return
+    try:
+        counts = write_quantized(gguf, out_dir)
+        record = {"types": counts or {}}
+    except QuantError as e:
+        record = {"unreadable": str(e)}
+    tmp = note.with_name(note.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, note)
+
+
+def model_matrices(cfg, tensors: dict[str, tuple[str, torch.Tensor]]) -> dict[str, QuantMatrix]:
+    """The runtime's linears (fused q|k|v and gate|up) as QuantMatrix, by module name."""
+    def seg(name: str) -> tuple[str, torch.Tensor]:
+        if name not in tensors:
+            raise QuantError(f"{QUANTIZED_FILE} has no {name}")
+        return tensors[name]
+
+    k = cfg.hidden_size
+    out = {}
+    for i in range(cfg.num_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out[f"layers.{i}.qkv_proj"] = QuantMatrix([seg(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj")], k)
+        out[f"layers.{i}.o_proj"] = QuantMatrix([seg(a + "o_proj.weight")], cfg.num_heads * cfg.head_dim)
+        out[f"layers.{i}.gate_up_proj"] = QuantMatrix([seg(m + "gate_proj.weight"), seg(m + "up_proj.weight")], k)
+        out[f"layers.{i}.down_proj"] = QuantMatrix([seg(m + "down_proj.weight")], cfg.intermediate_size)
+    head = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+    out["lm_head"] = QuantMatrix([seg(head)], k)
+    return out
+
+
+def describe(matrices: dict[str, QuantMatrix]) -> str:
+    """Which linears run in which type, in one line."""
+    count: dict[str, int] = {}
+    nbytes = 0
+    for qm in matrices.values():
+        nbytes += qm.nbytes
+        for name, _ in qm.segments:
+            count[name] = count.get(name, 0) + 1
+    kinds = ", ".join(f"{n} {c}" for n, c in sorted(count.items(), key=lambda kv: -kv[1]))
+    return f"tensors by type: {kinds}; {nbytes / 2**20:.1f} MiB of linear weights read per token"
