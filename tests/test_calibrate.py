@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from dspark.eval.calibration import auroc, brier, ece, reliability_diagram
+from dspark.calibration import auroc, brier, ece
+from dspark.eval.calibration import reliability_diagram
 from dspark.train.sts import ConfidenceSet, calibration_report, fit_sts
 
 

@@ -121,7 +121,7 @@ class LookupCalibration:
 
     def ece(self) -> float:
         """ECE of the confidences given to verified lookup tokens since start-up."""
-        from dspark.eval.calibration import ece
+        from dspark.calibration import ece
 
         if not self.recent:
             return float("nan")

@@ -49,7 +49,7 @@ class CalibrationWatch:
 
     def ece(self) -> float:
         """ECE of the recent confidences (NaN before any verified draft token)."""
-        from dspark.eval.calibration import ece
+        from dspark.calibration import ece
 
         if self._ece_cache is not None and self._ece_cache[0] == self.observed:
             return self._ece_cache[1]

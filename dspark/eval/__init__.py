@@ -1,2 +1,3 @@
 """Offline measurement of drafters: acceptance through the real engine
-(`acceptance`) and calibration metrics of confidence estimates (`calibration`)."""
+(`acceptance`) and the reliability diagram of confidence estimates (`calibration`;
+the metrics themselves are `dspark.calibration`, a leaf)."""

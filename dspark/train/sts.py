@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dspark.eval.calibration import DEFAULT_BINS, auroc, brier, ece
+from dspark.calibration import DEFAULT_BINS, auroc, brier, ece
 
 from .data import TrainSequence, visit_batches
 from .objectives import AnchorBatch, block_forward
