@@ -48,6 +48,9 @@ def test_parse_server_configs():
     c = parse_server_config('mine={"method": "dspark", "num_speculative_tokens": 15}')
     assert (c.name, c.kind, c.speculative["num_speculative_tokens"]) == ("mine", "dspark", 15)
     assert parse_server_config("off=none").speculative is None
+    # the server's own default by name: the load generator spells out no engine config
+    assert parse_server_config("default").speculative == "default"
+    assert parse_server_config("mine=default").speculative == "default"
     c = parse_server_config("vllm=http://10.0.0.2:8000/v1")
     assert (c.kind, c.url) == ("url", "http://10.0.0.2:8000/v1")
     c = parse_server_config("sg=python -m sglang.launch_server --port {port}")

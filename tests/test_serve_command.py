@@ -34,6 +34,16 @@ def test_default_speculation_falls_back_to_prompt_lookup_without_a_shipped_draft
     assert resolve_speculative(None, target) is None
 
 
+def test_speculative_config_names_the_default() -> None:
+    """`--speculative-config default` is the server's default by name, how the load
+    generator, which knows no engine config, asks for it."""
+    from dspark.engine.config import SpeculativeConfig, parse_speculative_arg
+
+    assert parse_speculative_arg(None) == parse_speculative_arg(" Default ") == "default"
+    assert parse_speculative_arg("none") is None
+    assert isinstance(parse_speculative_arg('{"method": "ngram"}'), SpeculativeConfig)
+
+
 def test_serve_command_shuts_down_gracefully_on_sigterm():
     import os
     import signal

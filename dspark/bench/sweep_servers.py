@@ -17,13 +17,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark.engine.config import DEFAULT_SPECULATIVE
-
 from .runner import BenchError
 from .server_process import ServerProcess, ServerStartError, dspark_serve_command, free_port
 
 #: the configurations a sweep compares by default, with the drafters shipped for the model
-DEFAULT_CONFIGS: dict[str, dict | None] = {
+DEFAULT_CONFIGS: dict[str, dict | str | None] = {
     "none": None,
     "mtp": {"method": "mtp"},
     "eagle3": {"method": "eagle3"},
@@ -32,11 +30,13 @@ DEFAULT_CONFIGS: dict[str, dict | None] = {
     "dspark-adaptive": {"method": "dspark", "enable_adaptive_verification": True},
 }
 #: names `--configs` accepts on their own
-KNOWN_CONFIGS: dict[str, dict | None] = {
+KNOWN_CONFIGS: dict[str, dict | str | None] = {
     **DEFAULT_CONFIGS, "ngram": {"method": "ngram"},
     "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
-    # the default configuration (hybrid with the plain-decoding fallback at high load)
-    "default": DEFAULT_SPECULATIVE,
+    # the server's own default (`--speculative-config default`: hybrid with the
+    # plain-decoding fallback at high load), named, not spelled out: the load
+    # generator knows no engine
+    "default": "default",
 }
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
@@ -45,7 +45,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 class ServerConfig:
     name: str
     kind: str  # "dspark" | "url" | "command"
-    speculative: dict | None = None  # kind "dspark": None = no speculation
+    speculative: dict | str | None = None  # kind "dspark": None = no speculation, "default" = the server's
     url: str | None = None
     command: str | None = None
 
@@ -56,7 +56,7 @@ class ServerConfig:
 
 
 def parse_server_config(item: str) -> ServerConfig:
-    """`NAME` (one of KNOWN_CONFIGS), `NAME=JSON`, `NAME=none`, `NAME=URL` or `NAME=CMD`."""
+    """`NAME` (one of KNOWN_CONFIGS), `NAME=JSON`, `NAME=none`, `NAME=default`, `NAME=URL` or `NAME=CMD`."""
     name, sep, value = item.partition("=")
     name, value = name.strip(), value.strip()
     if not _NAME.fullmatch(name):
@@ -68,6 +68,8 @@ def parse_server_config(item: str) -> ServerConfig:
         return ServerConfig(name, "dspark", KNOWN_CONFIGS[name])
     if value.lower() == "none":
         return ServerConfig(name, "dspark", None)
+    if value.lower() == "default":
+        return ServerConfig(name, "dspark", "default")
     if value.startswith("{"):
         try:
             spec = json.loads(value)
@@ -104,7 +106,8 @@ class LaunchedServer:
             return s.url
         port = free_port()
         if s.kind == "dspark":
-            spec = "none" if s.speculative is None else json.dumps(s.speculative)
+            spec = ("none" if s.speculative is None else s.speculative if isinstance(s.speculative, str)
+                    else json.dumps(s.speculative))
             command: list[str] | str = dspark_serve_command(port, spec, self.server_args)
         else:
             command = s.command.replace("{port}", str(port))

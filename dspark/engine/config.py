@@ -296,11 +296,13 @@ def _with_history(spec: SpeculativeConfig, drafter):
 
 
 def parse_speculative_arg(text: str | None) -> "SpeculativeConfig | str | None":
-    """`--speculative-config` as given: None (missing) -> "default", 'none' -> None,
-    else the JSON object as a SpeculativeConfig."""
+    """`--speculative-config` as given: None (missing) or 'default' -> "default",
+    'none' -> None, else the JSON object as a SpeculativeConfig. The word `default`
+    lets a caller that knows no engine (the load generator) ask for the server's own
+    default by name."""
     import json
 
-    if text is None:
+    if text is None or text.strip().lower() == "default":
         return "default"
     if text.strip().lower() == "none":
         return None
@@ -309,7 +311,7 @@ def parse_speculative_arg(text: str | None) -> "SpeculativeConfig | str | None":
     except json.JSONDecodeError as e:
         raise UserError(f"--speculative-config is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
-        raise UserError("--speculative-config must be a JSON object or 'none'")
+        raise UserError("--speculative-config must be a JSON object, 'default' or 'none'")
     return SpeculativeConfig.from_dict(cfg)
 
 
