@@ -81,6 +81,51 @@ def test_entries_beyond_the_byte_budget_are_dropped_least_recently_used_first():
     assert n == 20 and torch.equal(entry.taps, taps) and len(cache) == 2
 
 
+def test_a_prompt_is_matched_only_in_the_namespace_that_kept_it():
+    pool = _pool()
+    cache = PrefixCache(pool, min_tokens=4)
+    a = list(range(20))
+    _fill(pool, 0, 20, seed=1)
+    cache.store(a, 0, None, namespace="A")
+    query = a[:15] + [7, 7]
+    assert cache.match(query, need_taps=False, namespace="B") == (None, 0)
+    assert cache.match(query, need_taps=False) == (None, 0)  # nor in the shared namespace
+    entry, n = cache.match(query, need_taps=False, namespace="A")  # the paired control
+    assert n == 15 and entry.tokens.tolist() == a
+    # the same prompt kept in two namespaces is two entries, each found only in its own
+    _fill(pool, 1, 20, seed=2)
+    cache.store(a, 1, None)
+    assert len(cache) == 2 and cache.summary()["namespaces"] == 2
+    shared, n = cache.match(query, need_taps=False)
+    assert n == 15 and shared is not entry
+    assert torch.equal(shared.k[0], pool.k[0][1, :, :20]) and not torch.equal(shared.k[0], entry.k[0])
+    assert cache.hits == 0 and cache.lookups == 4  # matching alone restores nothing
+
+
+def test_the_byte_budget_and_its_lru_order_are_global_across_namespaces():
+    """One namespace filling the cache drops the least recently used entries whoever's
+    they are, never more than that, and never grows it past its budget."""
+    pool = _pool()
+    per_entry = 2 * 2 * 1 * 20 * 4 * 4
+    cache = PrefixCache(pool, max_bytes=3 * per_entry, min_tokens=4)
+    _fill(pool, 0, 20, seed=0)
+    victim = [1] * 20
+    cache.store(victim, 0, None, namespace="victim")
+    for i in range(2):  # the attacker's first two fit beside the victim's
+        cache.store([50 + i] * 20, 0, None, namespace="attacker")
+    assert cache.match(victim + [1], need_taps=False, namespace="victim")[1] == 20
+    cache.restore(1, *cache.match(victim + [1], need_taps=False, namespace="victim"))  # used again
+    cache.store([60] * 20, 0, None, namespace="attacker")  # the attacker's oldest goes, not the victim's
+    assert cache.bytes == 3 * per_entry and len(cache) == 3
+    assert cache.match(victim + [1], need_taps=False, namespace="victim")[1] == 20
+    assert cache.match([50] * 21, need_taps=False, namespace="attacker") == (None, 0)
+    for i in range(10):
+        cache.store([70 + i] * 20, 0, None, namespace="attacker")
+        assert cache.bytes <= 3 * per_entry
+    assert cache.match(victim + [1], need_taps=False, namespace="victim") == (None, 0)  # as LRU would
+    assert cache.summary()["namespaces"] == 1  # an emptied namespace leaves nothing behind
+
+
 def _generate(target, spec, prompts, caching: bool, max_prefill_tokens: int = 512, **params):
     from dspark.engine.config import EngineConfig, SpeculativeConfig
     from dspark.engine.engine import LLMEngine

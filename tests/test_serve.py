@@ -37,7 +37,7 @@ def server(default_target_fp32):
 
 def scrape(url: str) -> dict[str, float]:
     """/metrics as {'name' or 'name{label="v"}': value}, without the model_name label."""
-    text = httpx.get(url + "/metrics", timeout=30).text
+    text = httpx.get(url + "/metrics", headers=AUTH, timeout=30).text  # a keyed server keys /metrics too
     out = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):

@@ -29,8 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--host", default=ServeConfig.host,
                    help="address to listen on; 0.0.0.0 for every interface (default: %(default)s)")
     h.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port (default: %(default)s)")
-    h.add_argument("--api-key", default=os.environ.get("DSPARK_API_KEY") or None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $DSPARK_API_KEY, else no key)")
+    env_key = os.environ.get("DSPARK_API_KEY")
+    h.add_argument("--api-key", nargs="+", default=[env_key] if env_key else None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/*, the live view's data and /metrics; several "
+                        "keys are several tenants (key-1, key-2, ...), whose prefix cache and reply history are "
+                        "kept apart (default: $DSPARK_API_KEY, else no key)")
+    h.add_argument("--api-keys-file", default=None, metavar="PATH",
+                   help="keys and their tenants, one 'KEY TENANT' a line (# comments); keys of one tenant share "
+                        "its namespace (docs/serving-several-users.md)")
+    h.add_argument("--metrics-public", action="store_true",
+                   help="let /metrics answer without a key when keys are configured (it holds aggregate counts "
+                        "of every tenant's traffic)")
+    h.add_argument("--stream-chunk-tokens", type=int, default=ServeConfig.stream_chunk_tokens, metavar="N",
+                   help="stream tokens in groups of N, so that a chunk's size no longer shows how many of its "
+                        "tokens were drafted (costs time to the first token); 0 = one chunk per engine step "
+                        "(default: %(default)s)")
     h.add_argument("--max-request-bytes", type=int, default=ServeConfig.max_request_bytes,
                    help="request bodies over this many bytes are refused with 413 (default: %(default)s = 4 MiB)")
     h.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
@@ -71,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         engine=EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                             max_waiting=args.max_waiting, max_prefill_tokens=args.max_prefill_tokens,
                             prefix_caching=args.prefix_caching),
-        host=args.host, port=args.port, api_key=args.api_key,
+        host=args.host, port=args.port, api_key=args.api_key, api_keys_file=args.api_keys_file,
+        metrics_public=args.metrics_public, stream_chunk_tokens=args.stream_chunk_tokens,
         served_model_names=args.served_model_name or [], log_interval=args.log_interval,
         shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
     )

@@ -128,9 +128,15 @@ class Drafter(torch.nn.Module):
     def release(self, request_id: object) -> None:
         raise NotImplementedError
 
-    def remember_reply(self, reply: list[int]) -> None:
+    def remember_reply(self, reply: list[int], namespace: str | None = None) -> None:
         """A finished request's output tokens, for drafters that learn from earlier replies
-        (calibrated lookup's reply history); the others ignore it."""
+        (calibrated lookup's reply history, which keeps them in `namespace` and proposes
+        them only to that namespace's requests); the others ignore it."""
+
+    def set_namespace(self, request_id: object, namespace: str | None) -> None:
+        """The namespace a request (after `add_request`) may draw on in state shared across
+        requests (earlier replies); None, the default, is the shared one. Drafters without
+        such state ignore it."""
 
     def num_requests(self) -> int:
         """Requests whose state the drafter holds now (0 when idle: anything else is a leak)."""

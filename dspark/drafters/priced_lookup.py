@@ -132,6 +132,8 @@ class LookupDrafter(Drafter):
         #: earlier replies to look up in when a request's own tokens have no strong
         #: match (dspark.drafters.reply_history); None: the request's own tokens alone
         self.reply_history: ReplyHistory | None = None
+        #: requests outside the shared namespace, with theirs (the reply history's key)
+        self._namespaces: dict[object, str] = {}
         #: per request, its last lookup proposal: (match, tokens taken from it, the
         #: confidences used, the table's confidences, the drafter's own confidences
         #: for the positions after the lookup tokens: none here)
@@ -153,10 +155,11 @@ class LookupDrafter(Drafter):
         self.history.release(request_id)
         self._last.pop(request_id, None)
         self.trust.release(request_id)
+        self._namespaces.pop(request_id, None)
 
     def num_requests(self) -> int:
         # the larger of the two counts, so that a leak in either shows
-        return max(self.history.num_requests(), len(self._last))
+        return max(self.history.num_requests(), len(self._last), len(self._namespaces))
 
     def append_context(self, request_ids, tokens, start_positions, hidden=None) -> None:
         self.history.append_context(request_ids, tokens, start_positions)
@@ -185,15 +188,22 @@ class LookupDrafter(Drafter):
         m = LookupMatch(*index.most_frequent(num_tokens))
         h = self.reply_history
         if h is not None and m.ngram < h.ngram:
-            tokens, agreed = h.propose(index.tokens[-h.ngram:], num_tokens)
+            tokens, agreed = h.propose(index.tokens[-h.ngram:], num_tokens, self._namespaces.get(request_id))
             if tokens:
                 return LookupMatch(tokens, h.ngram, agreed, source="h")
         return m
 
-    def remember_reply(self, reply: list[int]) -> None:
-        """A finished request's output, for the reply history (when there is one)."""
+    def remember_reply(self, reply: list[int], namespace: str | None = None) -> None:
+        """A finished request's output, for the reply history of its namespace (when there
+        is a history)."""
         if self.reply_history is not None:
-            self.reply_history.add(reply)
+            self.reply_history.add(reply, namespace)
+
+    def set_namespace(self, request_id: object, namespace: str | None) -> None:
+        if namespace is None:
+            self._namespaces.pop(request_id, None)
+        else:
+            self._namespaces[request_id] = namespace
 
     def peek(self, request_id: object, num_tokens: int, *parts: list[int]) -> list[float]:
         """The confidences of lookup's current proposal (`_propose`'s, one for each

@@ -50,6 +50,10 @@ class StepRecord:
     drafted_requests: int  # requests drafted for (0: the drafter did not run)
     verify_lengths: tuple[int, ...]  # draft tokens verified, per decoding request
     emitted_tokens: int  # tokens emitted to requests
+    #: per decoding request (as `verify_lengths`), its owner and the tokens emitted to it;
+    #: what the live view shows a tenant of its own requests
+    owners: tuple[str | None, ...] = ()
+    emitted: tuple[int, ...] = ()
 
 
 @dataclass
@@ -156,8 +160,10 @@ class LLMEngine:
 
     # --- requests --------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: object | None = None,
-                    speculate: bool = True) -> Sequence:
-        """Queue a request; `speculate=False` decodes it without drafts (exact either way)."""
+                    speculate: bool = True, namespace: str | None = None, owner: str | None = None) -> Sequence:
+        """Queue a request; `speculate=False` decodes it without drafts (exact either way).
+        `namespace`: the part of the prefix cache and the reply history it may read and
+        add to (None: the shared one); `owner`: whose it is in the live view."""
         if not prompt_ids:
             raise UserError("the prompt is empty")
         if len(prompt_ids) >= self.config.max_model_len:
@@ -167,7 +173,7 @@ class LLMEngine:
             )
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.config.max_waiting} requests)")
-        seq = Sequence(list(prompt_ids), params, speculate=speculate)
+        seq = Sequence(list(prompt_ids), params, speculate=speculate, namespace=namespace, owner=owner)
         if request_id is not None:
             seq.request_id = request_id
         self.waiting.append(seq)
@@ -268,7 +274,9 @@ class LLMEngine:
                     self.drafter_governor.record(n, out, seconds, plain)  # the speculation gaps' steps
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
-                                            sum(len(t) for t in emitted.values())))
+                                            sum(len(t) for t in emitted.values()),
+                                            tuple(s.owner for s in decodes),
+                                            tuple(len(emitted[s.request_id]) for s in decodes)))
         outputs = []
         for seq in decodes + [s for s, _, end in chunks if end == len(s.prompt_ids)]:
             new = self._append(seq, emitted[seq.request_id])

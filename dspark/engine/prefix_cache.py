@@ -16,6 +16,13 @@ several chunks) serves only requests that will not draft.
 
 Entries are whole prompts (at most `max_tokens` each), the least recently used dropped
 beyond `max_bytes` in all.
+
+Every entry belongs to a namespace (the serving layer's hash of a tenant and its
+`cache_salt`; None for the one shared namespace of a single-tenant server): a prompt
+reuses only what its own namespace kept, since a reuse starts the prompt sooner and
+that time would tell one tenant what another asked. The byte budget and its LRU order
+stay global, so no namespace can hold more than the cache or push others' entries out
+sooner than the same traffic would in one namespace.
 """
 
 from __future__ import annotations
@@ -28,9 +35,13 @@ import torch
 from dspark.runtime.kv_cache import KVCachePool
 
 
+#: a namespace as the serving layer names it (None: the shared one)
+Namespace = str | None
+
+
 @dataclass
 class _Entry:
-    key: tuple[int, ...]  # the prompt's tokens, the entry's key
+    key: tuple[Namespace, tuple[int, ...]]  # its namespace and the prompt's tokens
     tokens: torch.Tensor  # [n] long, the same, for matching
     k: list[torch.Tensor]  # per layer [kv heads, n, head dim]
     v: list[torch.Tensor]
@@ -45,7 +56,9 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
-        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[Namespace, tuple[int, ...]], _Entry] = OrderedDict()  # all, LRU first
+        #: the same entries by namespace: a match walks its own namespace's alone
+        self._spaces: dict[Namespace, dict[tuple[Namespace, tuple[int, ...]], _Entry]] = {}
         self.bytes = 0
         #: prompts that reused a prefix, prompt tokens not computed thanks to it, lookups,
         #: prompt tokens looked up
@@ -57,18 +70,20 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def match(self, prompt_ids: list[int], need_taps: bool) -> tuple[_Entry | None, int]:
-        """The kept prompt sharing the longest prefix with `prompt_ids`, and that length
-        (at most len(prompt_ids) - 1; 0 when none reaches `min_tokens`). `need_taps`:
-        only entries that kept the drafter's taps."""
+    def match(self, prompt_ids: list[int], need_taps: bool,
+              namespace: Namespace = None) -> tuple[_Entry | None, int]:
+        """The kept prompt of `namespace` sharing the longest prefix with `prompt_ids`, and
+        that length (at most len(prompt_ids) - 1; 0 when none reaches `min_tokens`).
+        `need_taps`: only entries that kept the drafter's taps."""
         self.lookups += 1
         self.tokens_queried += len(prompt_ids)
-        if not self._entries or len(prompt_ids) <= self.min_tokens:
+        space = self._spaces.get(namespace)
+        if not space or len(prompt_ids) <= self.min_tokens:
             return None, 0
         limit = len(prompt_ids) - 1
         query = torch.tensor(prompt_ids[:limit], dtype=torch.long)
         best, best_len = None, 0
-        for entry in self._entries.values():
+        for entry in space.values():
             if need_taps and entry.taps is None:
                 continue
             m = min(limit, entry.tokens.numel())
@@ -97,15 +112,17 @@ class PrefixCache:
         self.tokens_saved += length
         return None if entry.taps is None else entry.taps[:length]
 
-    def store(self, prompt_ids: list[int], slot: int, taps: torch.Tensor | None) -> None:
+    def store(self, prompt_ids: list[int], slot: int, taps: torch.Tensor | None,
+              namespace: Namespace = None) -> None:
         """Keep a prompt whose prefill just completed in `slot` (its first `max_tokens`
-        positions); `taps` [len(prompt), taps, hidden] when the whole prompt's were seen."""
+        positions) in `namespace`; `taps` [len(prompt), taps, hidden] when the whole
+        prompt's were seen."""
         n = min(len(prompt_ids), self.max_tokens, self.cache.lengths[slot])
         if n < self.min_tokens:
             return
         if taps is not None and (taps.shape[0] < n or taps.numel() == 0):
             taps = None  # not the whole prompt's, or nothing tapped
-        key = tuple(prompt_ids[:n])
+        key = (namespace, tuple(prompt_ids[:n]))
         old = self._entries.get(key)
         if old is not None and (old.taps is not None or taps is None):
             self._entries.move_to_end(key)
@@ -118,14 +135,22 @@ class PrefixCache:
         if nbytes > self.max_bytes:
             return
         if old is not None:
-            self.bytes -= old.nbytes
-            del self._entries[key]
-        self._entries[key] = _Entry(key, torch.tensor(key, dtype=torch.long), k, v, kept, nbytes)
+            self._drop(old)
+        entry = _Entry(key, torch.tensor(key[1], dtype=torch.long), k, v, kept, nbytes)
+        self._entries[key] = entry
+        self._spaces.setdefault(namespace, {})[key] = entry
         self.bytes += nbytes
         while self.bytes > self.max_bytes:
-            _, dropped = self._entries.popitem(last=False)
-            self.bytes -= dropped.nbytes
+            self._drop(next(iter(self._entries.values())))
+
+    def _drop(self, entry: _Entry) -> None:
+        del self._entries[entry.key]
+        space = self._spaces[entry.key[0]]
+        del space[entry.key]
+        if not space:  # an emptied namespace leaves nothing behind
+            del self._spaces[entry.key[0]]
+        self.bytes -= entry.nbytes
 
     def summary(self) -> dict:
-        return {"entries": len(self._entries), "bytes": self.bytes, "hits": self.hits, "lookups": self.lookups,
+        return {"entries": len(self._entries), "namespaces": len(self._spaces), "bytes": self.bytes, "hits": self.hits, "lookups": self.lookups,
                 "tokens_queried": self.tokens_queried, "tokens_saved": self.tokens_saved}

@@ -122,6 +122,8 @@ class SpecRunner(DraftChoice):
         if self.drafter is not None and seq.speculate:
             try:
                 self.drafter.add_request(seq.request_id)
+                if seq.namespace is not None:
+                    self.drafter.set_namespace(seq.request_id, seq.namespace)
             except Exception:
                 self._fault("add_request")
                 self.undrafted.add(seq.request_id)
@@ -137,7 +139,7 @@ class SpecRunner(DraftChoice):
         drafts = (self.drafter is not None and self.speculating and seq.speculate
                   and seq.request_id not in self.undrafted)
         needs_taps = drafts and bool(self.hidden_layers)
-        entry, length = self.prefix.match(seq.prompt_ids, need_taps=needs_taps)
+        entry, length = self.prefix.match(seq.prompt_ids, need_taps=needs_taps, namespace=seq.namespace)
         if entry is None:
             return 0
         taps = self.prefix.restore(seq.slot, entry, length)
@@ -161,7 +163,7 @@ class SpecRunner(DraftChoice):
                     and seq.reused_taps.shape[1:] == hidden.shape[1:]:
                 taps = torch.cat([seq.reused_taps.to(hidden.dtype), hidden])
         seq.reused_taps = None
-        self.prefix.store(seq.prompt_ids, seq.slot, taps)
+        self.prefix.store(seq.prompt_ids, seq.slot, taps, seq.namespace)
 
     def release(self, seq: Sequence) -> None:
         if seq.slot >= 0:
@@ -175,7 +177,7 @@ class SpecRunner(DraftChoice):
                 self.gate.release(seq.request_id)
                 self.lookup_gate.release(seq.request_id)
                 try:
-                    self.drafter.remember_reply(seq.output_ids)
+                    self.drafter.remember_reply(seq.output_ids, seq.namespace)
                     self.drafter.release(seq.request_id)
                 except Exception:
                     self._fault("release")

@@ -103,6 +103,12 @@ class Sequence:
     speculate: bool = True
     #: steps that emitted tokens to this request (its prefill's last chunk included)
     num_steps: int = 0
+    #: the namespace of the state shared across requests it may read and add to (the
+    #: prefix cache, the reply history): the serving layer's hash of a tenant and its
+    #: cache salt; None, the shared one
+    namespace: str | None = None
+    #: who may watch it in the live view (the serving layer's tenant; None: anyone)
+    owner: str | None = None
 
     @property
     def prefilled(self) -> bool:

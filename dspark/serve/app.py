@@ -12,7 +12,6 @@ slot before the next step. Every error, including unknown routes, has OpenAI's
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -34,6 +33,8 @@ from .metrics import ServingMetrics
 from .protocol import APIError, GenerationRequest, ModelContext, bad_request, parse_chat, parse_completion, \
     parse_json_body
 from .responses import EventStream, Reply, read_body, sse
+from .stream_groups import TokenGroups
+from .tenants import OPEN_TENANT, cache_salt
 
 log = logging.getLogger("dspark.serve")
 
@@ -56,7 +57,7 @@ class ServerState:
 
     def __init__(self, config: ServeConfig, names: list[str]) -> None:
         self.config = config
-        self.api_key = config.api_key
+        self.tenants = config.tenants
         self.metrics = ServingMetrics(names[0])
         self.names = names
         self.phase = STARTING
@@ -64,6 +65,16 @@ class ServerState:
         self.engine: LLMEngine | None = None
         self.async_engine: AsyncEngine | None = None
         self.model: ModelContext | None = None
+        t = self.tenants
+        log.info("API keys: %s; /metrics %s", f"{len(t.keys)} for {len(t.tenants)} tenant(s), namespaces "
+                 f"{'shared unless a request sends a cache_salt' if t.shared else 'per tenant'}" if t.required
+                 else "none (anyone may call the API)",
+                 "is public (--metrics-public)" if self.metrics_public else "needs a key" if t.required
+                 else "is open, as the API is")
+
+    @property
+    def metrics_public(self) -> bool:
+        return self.config.metrics_public or not self.tenants.required
 
     @property
     def ready(self) -> bool:
@@ -83,7 +94,7 @@ class ServerState:
         log.info("ready after %.1f s: serving %s, max %d running and %d waiting requests of up to %d tokens, "
                  "API key %s", time.monotonic() - self.started, " / ".join(self.names),
                  engine.config.max_num_seqs, engine.config.max_waiting, engine.config.max_model_len,
-                 "required" if self.api_key else "not required")
+                 "required" if self.tenants.required else "not required")
 
     def build(self) -> None:
         """Build the engine from the config on the calling thread (which then owns
@@ -143,12 +154,12 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
     _add_error_handlers(app)
 
     async def require_api_key(request: Request) -> None:
-        if state.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
-            raise APIError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
-                           "authentication_error", None, "invalid_api_key")
+        """The caller's tenant into `request.state.tenant`, or a 401."""
+        request.state.tenant = state.tenants.authenticate(request.headers.get("authorization", ""))
+
+    async def metrics_key(request: Request) -> None:
+        if not state.metrics_public:
+            await require_api_key(request)
 
     started = int(time.time())
 
@@ -177,7 +188,7 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
         status, body = state.health()
         return JSONResponse(body, status_code=status, headers=None if status == 200 else {"Retry-After": "1"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(metrics_key)])
     async def prometheus_metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -213,11 +224,19 @@ def _add_error_handlers(app: FastAPI) -> None:
 async def _generate(request: Request, state: ServerState,
                     parse: Callable[[dict, ModelContext], GenerationRequest], chat: bool):
     raw = await read_body(request, state.config.max_request_bytes)
+
+    def parsed() -> tuple[GenerationRequest, str | None]:
+        body = parse_json_body(raw)
+        salt = cache_salt(body, request.headers)
+        return parse(body, state.model), salt
+
     # JSON parsing and tokenization off the event loop: a large prompt takes CPU time
     # during which every other connection would otherwise wait
-    req = await asyncio.to_thread(lambda: parse(parse_json_body(raw), state.model))
+    req, salt = await asyncio.to_thread(parsed)
+    tenant = getattr(request.state, "tenant", OPEN_TENANT)
     reply = Reply(chat=chat, model=req.model, include_usage=req.include_usage)
-    stream = RequestStream(reply.id, req.prompt_ids, req.params, asyncio.get_running_loop())
+    stream = RequestStream(reply.id, req.prompt_ids, req.params, asyncio.get_running_loop(),
+                           namespace=state.tenants.namespace(tenant, salt), owner=tenant)
     try:
         state.async_engine.submit(stream)
         await stream.accepted
@@ -243,6 +262,7 @@ def _abort_unfinished(state: ServerState, stream: RequestStream) -> None:
 async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequest,
                   reply: Reply) -> AsyncIterator[str]:
     text = IncrementalDetokenizer(state.model.tokenizer, req.params.stop)
+    groups = TokenGroups(state.config.stream_chunk_tokens)
     num_out = 0
     try:
         if reply.chat:
@@ -252,13 +272,16 @@ async def _stream(state: ServerState, stream: RequestStream, req: GenerationRequ
                 yield sse(APIError(500, out.error, "server_error").body())
                 break
             num_out += len(out.token_ids)
-            delta = text.push(out.token_ids, out.finished)
-            if out.finished:
-                yield sse(reply.chunk(delta, "stop" if text.hit_stop else out.finish_reason))
-                if reply.include_usage:
-                    yield sse(reply.usage_chunk(len(req.prompt_ids), num_out))
-            elif delta:
-                yield sse(reply.chunk(delta))
+            chunks = groups.push(out.token_ids, out.finished)
+            for i, token_ids in enumerate(chunks):
+                last = out.finished and i == len(chunks) - 1
+                delta = text.push(token_ids, last)
+                if last:
+                    yield sse(reply.chunk(delta, "stop" if text.hit_stop else out.finish_reason))
+                    if reply.include_usage:
+                        yield sse(reply.usage_chunk(len(req.prompt_ids), num_out))
+                elif delta:
+                    yield sse(reply.chunk(delta))
         yield sse("[DONE]")
     finally:  # also on cancellation: the client went away
         _abort_unfinished(state, stream)

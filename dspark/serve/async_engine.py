@@ -61,6 +61,9 @@ class RequestStream:
     arrival: float = field(default_factory=time.monotonic)
     finished: bool = False
     speculate: bool = True  # False: decoded without drafts (the race's plain side)
+    #: the namespace of the shared state it may use, and its tenant (dspark.serve.tenants)
+    namespace: str | None = None
+    owner: str | None = None
     # engine-thread bookkeeping
     seq: Sequence | None = None
     first_token_at: float | None = None
@@ -226,7 +229,8 @@ class AsyncEngine:
         is the handler's to map to a status."""
         try:
             stream.seq = self.engine.add_request(stream.prompt_ids, stream.params, request_id=stream.request_id,
-                                                 speculate=stream.speculate)
+                                                 speculate=stream.speculate, namespace=stream.namespace,
+                                                 owner=stream.owner)
         except Exception as e:
             return e
         self._streams[stream.request_id] = stream

@@ -10,6 +10,8 @@ from dspark.engine.config import EngineConfig, SpeculativeConfig, resolve_specul
 from dspark.errors import UserError
 from dspark.runtime.default_model import DEFAULT_MODEL_NAME
 
+from .tenants import Tenants, keys_from_args
+
 log = logging.getLogger("dspark.serve")
 
 @dataclass
@@ -25,7 +27,17 @@ class ServeConfig:
     # HTTP
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    #: one key or several (each its own tenant); None: no key unless `api_keys_file` gives some
+    api_key: str | list[str] | None = None
+    #: a file of `KEY TENANT` lines (dspark.serve.tenants)
+    api_keys_file: str | None = None
+    #: True: /metrics answers without a key even when keys are configured
+    metrics_public: bool = False
+    #: > 0: streamed tokens go out in groups of this many (the last group shorter), so that
+    #: a chunk's size no longer tells how many of its tokens were drafted; 0: one chunk a step
+    stream_chunk_tokens: int = 0
+    #: the keys' tenants and the requests' namespaces, from `api_key` and `api_keys_file`
+    tenants: Tenants = field(init=False, repr=False)
     #: names clients may use in "model"; the first is the one /v1/models reports
     served_model_names: list[str] = field(default_factory=list)
     #: seconds between periodic log lines; 0 turns them off
@@ -46,8 +58,11 @@ class ServeConfig:
             raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if self.max_request_bytes < 1024:
             raise UserError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
-        if self.api_key == "":
-            raise UserError("--api-key must not be empty")
+        if self.stream_chunk_tokens < 0:
+            raise UserError(f"--stream-chunk-tokens must be >= 0 (0: one chunk per engine step), "
+                            f"got {self.stream_chunk_tokens}")
+        keys = [self.api_key] if isinstance(self.api_key, str) else list(self.api_key or [])
+        self.tenants = Tenants(keys_from_args(keys, self.api_keys_file))
         if any(not n for n in self.served_model_names):
             raise UserError("--served-model-name must not be empty")
 

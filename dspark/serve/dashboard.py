@@ -5,7 +5,8 @@ The pages are static files (`static/`, no script from elsewhere); `GET
 routes closed by the API key when the API is:
 
 - `GET /dashboard/state?since=T`: one small JSON object the dashboard polls about
-  once a second. It only reads what the engine thread already keeps (counters,
+  once a second. On a server of several tenants, a caller's steps are their own
+  requests' (others' as a count): see `_own_steps`. It only reads what the engine thread already keeps (counters,
   gauges, the calibration figures refreshed with /metrics, the ring buffer of recent
   steps, filtered to those that ended after `since`), so an open page costs the
   engine a few dictionary reads per second and no walk over any window.
@@ -54,9 +55,11 @@ def engine_info(engine) -> dict:
     return info
 
 
-def dashboard_state(state, since: float | None = None) -> dict:
+def dashboard_state(state, since: float | None = None, viewer: str | None = None) -> dict:
     """The dashboard's figures now; `steps` holds the recent steps that ended after
-    `since` (server monotonic seconds, as `now` reports it)."""
+    `since` (server monotonic seconds, as `now` reports it). With a `viewer` (a tenant,
+    on a server of several) only the steps that decoded a request of theirs, each
+    reduced to their own requests' part, with the others' as a count (`_own_steps`)."""
     m = state.metrics
     out: dict = {"now": time.monotonic(), "phase": state.phase, "model": state.names[0]}
     if not state.ready:
@@ -95,9 +98,31 @@ def dashboard_state(state, since: float | None = None) -> dict:
     steps = engine.recent_steps.copy()  # one C-level copy: the engine thread appends meanwhile
     cut = -math.inf if since is None else since
     # filtered on the rounded end the page sends back, or the last step would come again
+    if viewer is not None:
+        out["steps"] = _own_steps(steps, cut, viewer)
+        out["view"] = "own requests"
+        return out
     out["steps"] = [[end, round(r.seconds * 1000, 3), r.forward_tokens, r.drafted_requests, r.emitted_tokens,
                      list(r.verify_lengths)] for r in steps if (end := round(r.end, 4)) > cut]
     return out
+
+
+def _own_steps(steps, cut: float, viewer: str) -> list[list]:
+    """The steps that decoded a request of `viewer`'s, in the rows' layout (end, ms,
+    forward tokens, drafted requests, emitted tokens, verification lengths) counting
+    only theirs, plus the number of others' requests in the step. The others' drafts,
+    verification lengths and emitted tokens are theirs to see: each one tells how
+    much of a reply was drafted, and with lookup where some earlier text held it."""
+    rows = []
+    for r in steps:
+        end = round(r.end, 4)
+        if end <= cut or viewer not in r.owners:
+            continue
+        mine = [i for i, o in enumerate(r.owners) if o == viewer]
+        lengths = [r.verify_lengths[i] for i in mine]
+        rows.append([end, round(r.seconds * 1000, 3), sum(lengths) + len(lengths), sum(L > 0 for L in lengths),
+                     sum(r.emitted[i] for i in mine), lengths, len(r.owners) - len(mine)])
+    return rows
 
 
 def add_live_routes(app: FastAPI, state, require_api_key) -> None:
@@ -120,7 +145,7 @@ def add_live_routes(app: FastAPI, state, require_api_key) -> None:
     @app.get("/dashboard/config")
     async def live_config() -> dict:
         # open, so that a page learns it needs the key without a failed request
-        return {"key_required": state.api_key is not None, "model": state.names[0]}
+        return {"key_required": state.tenants.required, "model": state.names[0]}
 
     @app.get("/dashboard/state", dependencies=[Depends(require_api_key)])
     async def live_state(request: Request) -> JSONResponse:
@@ -130,7 +155,8 @@ def add_live_routes(app: FastAPI, state, require_api_key) -> None:
         except ValueError:
             raise bad_request(f"'since' must be a number (the 'now' of an earlier answer), got {raw!r}",
                               "since") from None
-        return JSONResponse(dashboard_state(state, since), headers={"Cache-Control": "no-store"})
+        viewer = None if state.tenants.shared else request.state.tenant
+        return JSONResponse(dashboard_state(state, since, viewer), headers={"Cache-Control": "no-store"})
 
     @app.post("/dashboard/race", dependencies=[Depends(require_api_key)])
     async def race(request: Request):

@@ -9,6 +9,9 @@ events mark them. Greedy decoding is exact, so the two texts must be identical; 
 closing event says whether they are. On a server without speculation both sides
 decode plain.
 
+The body may carry a `cache_salt` (or the request an `X-Cache-Salt` header), as a
+completion's may: both sides then use that namespace of the shared state.
+
 Events (server-sent, JSON): `start` {prompt_tokens, speculative}; `tokens` {side,
 pieces: [[text, drafted], ...]}; `done` {side, tokens, seconds, tokens_per_s, steps,
 accepted, finish_reason}; `verdict` {identical, plain_tokens, spec_tokens}; `error`
@@ -32,6 +35,7 @@ from dspark.runtime.tokenizer import IncrementalDetokenizer
 from .async_engine import EngineUnavailable, RequestStream
 from .protocol import APIError, bad_request, parse_chat, parse_json_body
 from .responses import EventStream, read_body
+from .tenants import OPEN_TENANT, cache_salt
 
 #: output tokens per side when the page does not say, and the most it may ask for
 DEFAULT_MAX_TOKENS, MAX_TOKENS = 128, 1024
@@ -84,11 +88,20 @@ class _Side:
 
 async def start_race(request: Request, state):
     raw = await read_body(request, state.config.max_request_bytes)
-    prompt_ids, params = await asyncio.to_thread(lambda: parse_race(parse_json_body(raw), state))
+
+    def parsed() -> tuple[list[int], object, str | None]:
+        body = parse_json_body(raw)
+        salt = cache_salt(body, request.headers)
+        return *parse_race(body, state), salt
+
+    prompt_ids, params, salt = await asyncio.to_thread(parsed)
+    # the race's replies read and fill its caller's namespace, as any request of theirs
+    tenant = getattr(request.state, "tenant", OPEN_TENANT)
+    namespace = state.tenants.namespace(tenant, salt)
     loop = asyncio.get_running_loop()
     rid = uuid.uuid4().hex[:12]
-    streams = [RequestStream(f"race-{side}-{rid}", prompt_ids, params, loop, speculate=(side == "spec"))
-               for side in SIDES]
+    streams = [RequestStream(f"race-{side}-{rid}", prompt_ids, params, loop, speculate=(side == "spec"),
+                             namespace=namespace, owner=tenant) for side in SIDES]
     try:
         state.async_engine.submit(*streams)
         for s in streams:
