@@ -51,7 +51,7 @@ class RequestTrust:
     #: brought the lookup tokens' predicted acceptance within 6 % of the observed, but
     #: not the throughput: engines in turn, held in speculation, odds against linear
     #: 1.129 / 1.143 at 1 request, 0.967 / 0.971 at 4, 0.846 / 0.842 at 16
-    #: (docs/benchmarks/governed.md). Off until a scheduler that prices lookup right
+    #: (docs/journal.md). Off until a scheduler that prices lookup right
     #: makes calibration pay.
     odds_up = False
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from dspark.errors import UserError
+from dspark.presets import PRESETS
 
 
 @dataclass
@@ -68,17 +69,16 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: plain where the step-time curve says verification is dear; dspark.engine.governor).
 #: Served, interleaved: on a 2-core AMX Xeon in bf16x (fallback from 8 only) 1.39-1.50x
 #: plain decoding at one request, 1.13x at four, 0.95-1.00x at sixteen, 0.94-0.98x at 32
-#: (docs/benchmarks/fallback.md); on a 2-core AVX2-only EPYC 0.94x / 0.99x / 1.10x at
-#: 4 / 16 / 32 (docs/benchmarks/fallback.md, "Steps that speculate nothing ..."); with
+#: (docs/journal.md); on a 2-core AVX2-only EPYC 0.94x / 0.99x / 1.10x at
+#: 4 / 16 / 32 (docs/journal.md, "Steps that speculate nothing ..."); with
 #: the governor's decayed scores and margin, 1.20x at one request (before it) and 1.01x /
-#: 0.95x / 1.03x at 4 / 16 / 32 (docs/benchmarks/governed.md); engine alone, stepped in
+#: 0.95x / 1.03x at 4 / 16 / 32 (docs/journal.md); engine alone, stepped in
 #: turn with plain decoding, 1.19x / 0.966x / 0.984x / 0.997x at 1 / 4 / 16 / 32
 #: Lookup in earlier replies too (`lookup_history`): engine alone on the AMX Xeon, 1.055x
 #: the default without it at one request with 1,000 earlier replies held, 1.075x with
 #: none held at start (48 requests filling it), 1.078x at four, 1.014x at sixteen and
-#: 1.003x at 32 (docs/benchmarks/hybrid.md, last section).
-DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True, "lookup": True,
-                       "plain_fallback": 8, "plain_trials_from": 2, "lookup_history": True}
+#: 1.003x at 32 (docs/journal.md).
+DEFAULT_SPECULATIVE = PRESETS["default"]
 
 #: the default for a target without a shipped drafter: prompt lookup alone (no drafter),
 #: each request's length priced by the scheduler (calibrated lookup survivals against
@@ -89,12 +89,12 @@ DEFAULT_SPECULATIVE = {"method": "dspark", "enable_adaptive_verification": True,
 #: decoding (2-core AVX2 EPYC, bf16w), against the earlier fixed 3 tokens: at one request
 #: 1.184x against 1.165x plain on the second target (Qwen2.5-Coder-0.5B) and 1.127x against
 #: 1.095x on the default model; at 4 requests 0.999x against 0.995x and 0.987x against
-#: 0.978x; at 16, level with plain decoding both (docs/benchmarks/governor-trials.md). Its
+#: 0.978x; at 16, level with plain decoding both (docs/journal.md). Its
 #: one cost: the step-time profile on a target's first use, at one request too (28-33 s
 #: for the second target; cached after). Since it reuses kept prompts (the prefix cache),
 #: 1.24x plain at one request on the default model and 1.28x on the second target
 #: (requests of 48-144 tokens).
-LOOKUP_DEFAULT = {"method": "ngram", "enable_adaptive_verification": True, "plain_fallback": 2}
+LOOKUP_DEFAULT = PRESETS["lookup-default"]
 
 #: the verification policies that read the drafts' confidences
 CONFIDENCE_POLICIES = ("threshold", "dspark-sync", "dspark-async")

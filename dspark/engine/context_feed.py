@@ -14,7 +14,7 @@ context), and the steps tap no hidden states at all, so that they cost what plai
 decoding's steps cost. Keeping the taps for a later catch-up spent, per plain-mode
 step of 16 requests, the taps' 3 % of the target's forward and their bookkeeping, and
 feeding the backlog a drafter pass on every token of every request at exactly the load
-where nothing drafts (docs/benchmarks/fallback.md). `feeding()` false also drops any
+where nothing drafts (docs/journal.md). `feeding()` false also drops any
 backlog that reaches PENDING_FLUSH on the way; so does a stretch of hybrid drafting with
 its drafter off (lookup alone, by the drafter governor's call): feeding such a backlog
 is a drafter pass over PENDING_FLUSH tokens for a drafter that may not run again.

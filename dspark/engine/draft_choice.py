@@ -25,7 +25,7 @@ from .sequence import Sequence
 PROBE_ROWS = 4
 #: decoding requests from which the lookup gate (and the draft gate of prompt lookup's
 #: n-gram drafter) holds requests back: below, a lookup costs about 0.1 ms and the gates'
-#: closed stretches missed copies (benchmarks/avx2-s49/gate_ab.py: default_gate_ab.txt,
+#: closed stretches missed copies (docs/journal.md, "the lookup gates from two requests":
 #: ngram_gate_ab.txt; at two requests the gate read level or ahead, gate_c2.txt)
 LOOKUP_GATE_FROM = 2
 
@@ -60,7 +60,7 @@ class DraftChoice:
             rows = self._drafting_over_lookup(decodes, rows, n, prefill_tokens)
         # The drafter's catch-up on the tokens accepted while it was skipped is not timed
         # as its call: it grows with the skipped stretch, and charged to the live curve it
-        # kept the drafter off longer (benchmarks/avx2-s50); it falls on speculation's
+        # kept the drafter off longer (docs/journal.md, 2026-12-05); it falls on speculation's
         # per-step overhead instead, like the tokens it covers.
         self._catchup_seconds = 0.0
         if rows:

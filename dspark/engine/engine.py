@@ -140,7 +140,7 @@ class LLMEngine:
                     # gap of a level that starts "plain"). On the CPUs measured the drafter
                     # alone ran below plain decoding at one request (0.966-0.986x), and the
                     # hybrid that ran it first there ran 0.5-1.3 % below the hybrid that
-                    # runs lookup first (docs/benchmarks/drafter-governor.md: its trials'
+                    # runs lookup first (docs/journal.md: its trials'
                     # drafter-on stretches cost more than they found). A drafter alone runs
                     # first everywhere (off, its steps are plain decoding's, which the
                     # fallback's own trials cover at its levels)

@@ -25,7 +25,7 @@ speculation off for such stretches, by measurement rather than by model:
   were compared at different speeds of the machine: at 4 requests, engine alone,
   priced prompt lookup kept speculation for 40 % of its steps on a score 7 % ahead
   while it ran 4 % behind plain decoding, 0.958x plain; paired, 0.983-0.987x:
-  docs/benchmarks/governor-trials.md.)
+  docs/journal.md.)
 
 `"plain_fallback": true` governs every load level, each starting with speculation.
 Measured on the default model, that settled on plain decoding in a long run at 16
@@ -60,7 +60,7 @@ decoding (`EARLY_EXIT_PLAIN_START`). Speculation must lead by `SPEC_MARGIN` and 
 also have emitted that many times the other mode's tokens per request and step (plain
 decoding's one), a bound on its gain that drift does not move; a mode's score spans its
 recent trials (`HISTORY`), and the engine asks for the level its requests are about to
-decode at. The history of these choices, measured: docs/benchmarks/fallback.md and
+decode at. The history of these choices, measured: docs/journal.md and
 governed.md.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
@@ -185,7 +185,7 @@ class LoadLevel:
     #: (T(8) / T(4) read 1.01-1.17 in nine profiles of one AMX Xeon and 1.21 in a tenth,
     #: where speculation pays 1.14x at four requests), and a first trial 4 x `min_gap`
     #: steps late left four requests at 1.06x there (1.12x with the shortest first gap:
-    #: docs/benchmarks/governor-trials.md); where the prior is right (an AVX2-only CPU,
+    #: docs/journal.md); where the prior is right (an AVX2-only CPU,
     #: 1.3-1.4), the trial ends halfway (EARLY_EXIT_PLAIN_START) after `trial`
     #: speculation steps
     PLAIN_START_GAPS = 4

@@ -239,7 +239,7 @@ def pick_precision(point: dict[tuple[str, int], float]) -> str:
     whatever their scale. One row alone misses what AMX tiles do for several: on a
     2-core AMX Xeon bf16x took 1.2-1.4x bf16w's time for 1 row, 0.7-0.8x for 8 and 0.3x
     for 32, and ran the default configuration 1.09x faster at one request and 1.9x at
-    32, engine alone (docs/benchmarks/cpu-kinds.md, last section)."""
+    32, engine alone (docs/journal.md)."""
     import math
 
     names = {n for n, _ in point}
@@ -248,7 +248,7 @@ def pick_precision(point: dict[tuple[str, int], float]) -> str:
     # precision (and the outputs) from one start to the next.
     best = "bf16w" if ms["bf16w"] <= 1.1 * ms["fp32"] else "fp32"
     # bf16x (AMX or avx512_bf16) where it is clearly faster: several times faster for
-    # multi-token steps and prefill on AMX (served: BENCHMARKS.md "bf16x")
+    # multi-token steps and prefill on AMX (served: docs/journal.md, "bf16x")
     if "bf16x" in ms and ms["bf16x"] <= 0.9 * ms[best]:
         best = "bf16x"
     return best

@@ -4,7 +4,7 @@
  *
  * torch's fp32 matmul picks its blocking by shape on some CPUs, so a row's last bits
  * change with the number of rows sharing the product (measured on a 2-core AVX2 EPYC:
- * benchmarks/avx2-s47/fp32_row_invariance.py), and it runs 2-3 rows at 2-3x the time
+ * docs/journal.md, "fp32's matmuls were not batch-invariant"), and it runs 2-3 rows at 2-3x the time
  * of one. This kernel is gemm_panels.h, the bf16w kernel's matmul, reading fp32 panel
  * rows: every output element is one FMA chain over k ascending from zero, whatever
  * the rows, tiles and threads, so verification gives the bits of one-token decoding.
