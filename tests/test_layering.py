@@ -20,25 +20,28 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dspark"
 
 #: each top-level part of the package and the parts it may import (besides itself).
 #: Leaves first; a part may import only parts listed for it, which makes the graph of
-#: parts a DAG. `calibration`, `sampling` and `errors` are leaves of pure functions.
+#: parts a DAG. `calibration`, `sampling` and `errors` are leaves of pure functions,
+#: `presets` one of plain data (the named speculative configurations).
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "calibration": set(),
+    "presets": set(),
     "sampling": {"errors"},
     "verify": {"sampling", "errors"},
     "schedule": {"errors"},
     "runtime": {"errors"},
     "drafters": {"runtime", "sampling", "calibration", "schedule", "errors"},
     "profiling": {"runtime", "drafters", "schedule", "sampling", "errors"},
-    "engine": {"drafters", "runtime", "schedule", "verify", "profiling", "calibration", "sampling", "errors"},
+    "engine": {"drafters", "runtime", "schedule", "verify", "profiling", "calibration", "presets", "sampling",
+               "errors"},
     "generate": {"engine", "runtime", "sampling", "errors"},
     "data": {"engine", "runtime", "sampling", "errors"},
     "train": {"drafters", "runtime", "verify", "data", "calibration", "sampling", "errors"},
-    "eval": {"engine", "drafters", "data", "generate", "calibration", "sampling", "errors"},
+    "eval": {"engine", "drafters", "data", "generate", "runtime", "calibration", "presets", "sampling", "errors"},
     "serve": {"engine", "runtime", "sampling", "errors"},
-    "bench": {"data", "errors"},
+    "bench": {"data", "presets", "errors"},
     "cli": {"serve", "engine", "drafters", "runtime", "train", "eval", "data", "profiling", "bench",
-            "generate", "calibration", "sampling", "errors"},
+            "generate", "calibration", "presets", "sampling", "errors"},
 }
 
 

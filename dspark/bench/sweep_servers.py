@@ -17,6 +17,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark.presets import PRESETS
+
 from .runner import BenchError
 from .server_process import ServerProcess, ServerStartError, dspark_serve_command, free_port
 
@@ -31,8 +33,8 @@ DEFAULT_CONFIGS: dict[str, dict | str | None] = {
 }
 #: names `--configs` accepts on their own
 KNOWN_CONFIGS: dict[str, dict | str | None] = {
-    **DEFAULT_CONFIGS, "ngram": {"method": "ngram"},
-    "hybrid": {"method": "dspark", "enable_adaptive_verification": True, "lookup": True},
+    **DEFAULT_CONFIGS, "ngram": PRESETS["lookup"],
+    "hybrid": PRESETS["hybrid"],
     # the server's own default (`--speculative-config default`: hybrid with the
     # plain-decoding fallback at high load), named, not spelled out: the load
     # generator knows no engine
