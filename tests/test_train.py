@@ -230,7 +230,8 @@ def test_training_reduces_the_loss_and_writes_a_loadable_drafter(method, trained
     assert [r["step"] for r in log] == list(range(1, 17))
     first, last = sum(r["loss"] for r in log[:4]) / 4, sum(r["loss"] for r in log[-4:]) / 4
     assert last < first, [round(r["loss"], 3) for r in log]
-    gamma = {"dspark": 4, "dflash": 4, "eagle3": 3, "mtp": 1}[method]
+    # the recipe's DSpark samples from the anchor: its block of 5 drafts 5 (dflash 4)
+    gamma = {"dspark": 5, "dflash": 4, "eagle3": 3, "mtp": 1}[method]
     rates = [log[-1][f"accept_rate@{k + 1}"] for k in range(gamma)]
     assert all(0 <= r <= 1 for r in rates) and f"accept_rate@{gamma + 1}" not in log[-1]
     assert 1 <= log[-1]["expected_tau"] <= gamma + 1
@@ -276,7 +277,11 @@ def test_two_gloo_processes_equal_one(tiny_dir, tiny_data, tmp_path):
     common = ["train", "--method", "dspark", "--data", str(tiny_data), "--model", str(tiny_dir), "--dtype", "fp32",
               "--max-steps", "3", "--batch-size", "4", "--blocks-per-seq", "4", "--block-size", "5",
               "--markov-rank", "8", "--lr", "3e-3", "--precision", "fp32", "--save-dtype", "fp32",
-              "--log-every", "1", "--no-progress"]
+              "--log-every", "1", "--no-progress",
+              # the settings this tolerance was set on (before the shipped recipe became the
+              # default): under the recipe's (anchor slot drafting, decay 2) one weight in 8,192
+              # differed by 3.7e-5 after 3 steps, gloo's reduction order against one process's
+              "--no-sample-from-anchor", "--position-decay", "4"]
     from dspark.cli.main import main
 
     assert main([*common, "--out", str(tmp_path / "one")]) == 0

@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from dspark.drafters.config import METHODS
+from dspark.drafters.config import DEFAULT_NUM_TAPS, METHODS, spread_layer_ids
 from dspark.errors import UserError
 
 PRECISIONS = ("auto", "fp32", "bf16")
+
+#: The recipe the shipped drafters were trained with (scripts/train_shipped.sh; their
+#: numbers in dspark/drafters/shipped/README.md): what `dspark train --method M` trains
+#: when a flag is left out. The sizes apply to a new drafter (--init random or target);
+#: --init DIR keeps that drafter's.
+SHIPPED_SIZES: dict[str, dict] = {
+    "dspark": {"block_size": 7, "sample_from_anchor": True, "markov_rank": 64},
+    "dflash": {"block_size": 8, "sample_from_anchor": False},
+    "eagle3": {},
+    "mtp": {},
+}
+#: anchors per sequence visit: the block drafters train a block per anchor, the
+#: token-at-a-time ones a few positions, so they take more anchors for the same work
+SHIPPED_BLOCKS_PER_SEQ = {"dspark": 64, "dflash": 64, "eagle3": 256, "mtp": 256}
+#: the draft vocabulary: 8,192 tokens covered 100 % of the default model's training
+#: replies and 88.5 % of a second target's held-out ones (docs/second-target.md)
+SHIPPED_DRAFT_VOCAB = 8192
+
+
+def shipped_taps(num_layers: int) -> list[int]:
+    """The shipped DSpark drafter's taps for a target of `num_layers` layers: the five
+    spread ones and the second-to-last layer (30 layers: 1, 8, 14, 20, 27, 28). The
+    shipped drafter moved that tap off the last layer, which llama.cpp's draft-dspark
+    cannot read (dspark/drafters/shipped/README.md)."""
+    taps = spread_layer_ids(num_layers, min(DEFAULT_NUM_TAPS["dspark"], num_layers))
+    return taps if num_layers < 3 or num_layers - 2 in taps else sorted(taps + [num_layers - 2])
 
 
 @dataclass
@@ -16,23 +42,28 @@ class TrainConfig:
     method: str
     data: list[str]
     out: str
-    # drafter size (None = the method's default for the target)
+    # drafter size (None = the shipped recipe's for the method, SHIPPED_SIZES, or the
+    # drafter's own default for the target)
     num_layers: int | None = None
     markov_rank: int | None = None
     block_size: int | None = None
-    target_layer_ids: list[int] | None = None
+    target_layer_ids: list[int] | None = None  # None: dspark shipped_taps, else the drafter's default
     ttt_steps: int = 7  # Eagle3's unrolled training-time-test steps
     # optimisation
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
-    batch_size: int = 8  # sequences per optimizer step, over all processes
-    blocks_per_seq: int = 64  # anchors per sequence visit; an epoch trains every response position once
-    draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent response tokens)
-    sample_from_anchor: bool = False  # DeepSpec's block convention (block drafters)
+    batch_size: int = 4  # sequences per optimizer step, over all processes
+    # anchors per sequence visit (None: SHIPPED_BLOCKS_PER_SEQ); an epoch trains every
+    # response position once
+    blocks_per_seq: int | None = None
+    # reduced draft vocabulary (most frequent response tokens); None: SHIPPED_DRAFT_VOCAB
+    # where the target's is larger; 0: the target's whole vocabulary
+    draft_vocab_size: int | None = None
+    sample_from_anchor: bool | None = None  # DeepSpec's block convention (block drafters); None: SHIPPED_SIZES
     init: str = "random"  # "target": block drafter layers start as the target's last layers (train/init.py);
     # a directory: continue from that trained drafter (its sizes, taps and draft vocabulary)
     teacher_topk: int = 32  # p kept as its top-k
-    position_decay: float = 4.0  # block position weights exp(-k/decay)
+    position_decay: float = 2.0  # block position weights exp(-k/decay) (the paper's: 4)
     round_start_weight: float = 0.0  # anchors where greedy decoding starts a round weigh 1 + this (heldout.py)
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
@@ -60,6 +91,12 @@ class TrainConfig:
             raise UserError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not self.data:
             raise UserError("give at least one --data FILE.jsonl (see `dspark data generate`)")
+        if self.blocks_per_seq is None:
+            self.blocks_per_seq = SHIPPED_BLOCKS_PER_SEQ[self.method]
+        if self.init in ("random", "target"):  # a new drafter: the shipped recipe where a size is left out
+            for name, value in SHIPPED_SIZES[self.method].items():
+                if getattr(self, name) is None:
+                    setattr(self, name, value)
         checks = {"batch_size": 1, "blocks_per_seq": 1, "ttt_steps": 1, "save_every": 1, "log_every": 1,
                   "max_seq_len": 8, "teacher_topk": 1, "early_stop_evals": 0}
         for name, lo in checks.items():
@@ -67,8 +104,8 @@ class TrainConfig:
                 raise UserError(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1:
             raise UserError(f"--max-steps must be >= 1, got {self.max_steps}")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
-            raise UserError(f"--draft-vocab-size must be >= 2, got {self.draft_vocab_size}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size != 0 and self.draft_vocab_size < 2:
+            raise UserError(f"--draft-vocab-size must be >= 2 (or 0, the whole vocabulary), got {self.draft_vocab_size}")
         if not self.position_decay > 0:
             raise UserError(f"--position-decay must be > 0, got {self.position_decay}")
         if not self.round_start_weight >= 0:
@@ -95,6 +132,19 @@ class TrainConfig:
             raise UserError(f"--sample-from-anchor applies to dspark and dflash, not {self.method}")
         if self.method != "dspark" and self.markov_rank:
             raise UserError(f"--markov-rank applies to dspark only, not {self.method}")
+
+    def for_target(self, num_layers: int, vocab_size: int) -> TrainConfig:
+        """This config with the recipe's choices that depend on the target made: a new
+        DSpark drafter's taps (`shipped_taps`) and the draft vocabulary's size (0 where
+        the target's is no larger than the recipe's)."""
+        fresh = self.init in ("random", "target")
+        taps = self.target_layer_ids
+        if taps is None and fresh and self.method == "dspark":
+            taps = shipped_taps(num_layers)
+        vocab = self.draft_vocab_size
+        if vocab is None:
+            vocab = SHIPPED_DRAFT_VOCAB if fresh and vocab_size > SHIPPED_DRAFT_VOCAB else 0
+        return replace(self, target_layer_ids=taps, draft_vocab_size=vocab)
 
     def drafter_sizes(self) -> dict:
         """DrafterConfig overrides for `create_drafter`."""

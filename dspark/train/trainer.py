@@ -91,6 +91,9 @@ def num_positions(drafter, config: TrainConfig) -> int:
 class Trainer:
     def __init__(self, config: TrainConfig, target: Target, dist: DistInfo | None = None,
                  model_name: str = "default") -> None:
+        # the recipe's target-dependent choices (taps, draft vocabulary) made here, so
+        # the saved config says what was trained
+        config = config.for_target(target.model.cfg.num_layers, target.model.cfg.vocab_size)
         self.config = config
         self.target = target
         self.dist = dist or DistInfo()
