@@ -17,7 +17,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="serving benchmarks against any OpenAI-compatible server")
     p.set_defaults(func=lambda _: p.print_help())
-    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report}")
+    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report,engine}")
 
     s = bsub.add_parser(
         "serve", help="load one running server and report latency, throughput and acceptance",
@@ -122,6 +122,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a configuration in several sweeps keeps its last sweep's measurement, in its first place "
                         "(e.g. one measured again on a quieter machine); default: refuse")
     r.set_defaults(func=run_report)
+
+    from . import bench_engine
+
+    bench_engine.register(bsub)  # the engine alone, in one process: it imports the engine only when run
 
 
 def _add_round_args(p: argparse.ArgumentParser, rounds: int) -> None:
