@@ -2,7 +2,7 @@
 
 The server runs n-gram speculation on a small random model that has the default
 model's tokenizer: the same validation, tokenization, batching and streaming as the
-real model at a fraction of the cost. `scripts/fuzz_api.py` runs 10,000 cases.
+real model at a fraction of the cost. `dspark bench fuzz` runs 10,000 cases.
 """
 
 from __future__ import annotations

@@ -37,7 +37,10 @@ ALLOWED: dict[str, set[str]] = {
     "generate": {"engine", "runtime", "sampling", "errors"},
     "data": {"engine", "runtime", "sampling", "errors"},
     "train": {"drafters", "runtime", "verify", "data", "calibration", "sampling", "errors"},
-    "eval": {"engine", "drafters", "data", "generate", "runtime", "calibration", "presets", "sampling", "errors"},
+    # offline measurement through the real engine and server (acceptance, the engine
+    # bench, the server's reliability checks, the peers)
+    "eval": {"serve", "engine", "drafters", "data", "generate", "runtime", "bench", "calibration", "presets",
+             "sampling", "errors"},
     "serve": {"engine", "runtime", "sampling", "errors"},
     "bench": {"data", "presets", "errors"},
     "cli": {"serve", "engine", "drafters", "runtime", "train", "eval", "data", "profiling", "bench",

@@ -1,6 +1,6 @@
 """`dspark train --method M` with no tuning flags trains the shipped recipe: the sizes
 of the DSpark drafter that ships (its config.json), and the optimisation settings
-scripts/train_shipped.sh trained all four with."""
+scripts/train/shipped.sh trained all four with."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def test_no_flags_trains_the_shipped_dspark_drafter(monkeypatch, tmp_path: Path)
 
 
 def test_no_flags_train_with_the_shipped_scripts_settings(monkeypatch, tmp_path: Path) -> None:
-    """The flags scripts/train_shipped.sh gave every method are the defaults now."""
-    script = (ROOT / "scripts" / "train_shipped.sh").read_text()
+    """The flags scripts/train/shipped.sh gave every method are the defaults now."""
+    script = (ROOT / "scripts" / "train" / "shipped.sh").read_text()
     common = re.search(r"COMMON=\((.*?)\)", script, re.S).group(1)
     for method in ("dspark", "dflash", "eagle3", "mtp"):
         cfg = config_from_cli(monkeypatch, tmp_path, method=method)

@@ -17,7 +17,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="serving benchmarks against any OpenAI-compatible server")
     p.set_defaults(func=lambda _: p.print_help())
-    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report,engine}")
+    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report,engine,fuzz,soak,overload,peers}")
 
     s = bsub.add_parser(
         "serve", help="load one running server and report latency, throughput and acceptance",
@@ -126,6 +126,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from . import bench_engine
 
     bench_engine.register(bsub)  # the engine alone, in one process: it imports the engine only when run
+    from . import bench_tools
+
+    bench_tools.register(bsub)  # fuzz, soak, overload, peers: tools with their own arguments
 
 
 def _add_round_args(p: argparse.ArgumentParser, rounds: int) -> None:

@@ -43,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_allocator()  # before the first large tensor: see dspark/runtime/allocator.py
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # a tool with its own arguments (`dspark bench soak ...`) takes the ones this parser
+    # does not know; every other command refuses them
+    args, extra = parser.parse_known_args(argv)
+    if extra and not hasattr(args, "tool_args"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.tool_args = extra
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -10,7 +10,7 @@ from dspark.errors import UserError
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
-#: The recipe the shipped drafters were trained with (scripts/train_shipped.sh; their
+#: The recipe the shipped drafters were trained with (scripts/train/shipped.sh; their
 #: numbers in dspark/drafters/shipped/README.md): what `dspark train --method M` trains
 #: when a flag is left out. The sizes apply to a new drafter (--init random or target);
 #: --init DIR keeps that drafter's.

@@ -9,14 +9,14 @@ measure our engine's acceptance on the same prompts with the same drafter and bl
 (fixed verification of every drafted token) and put the two side by side.
 
     bash scripts/install_llama_cpp.sh           # once: llama.cpp source + llama-server
-    python scripts/peer_llama_cpp.py [--num-prompts 12] [--max-tokens 64] \
+    dspark bench peers --engine llama.cpp [--num-prompts 12] [--max-tokens 64] \
         [--json benchmarks/llama_cpp_interop.json]
 
 Your own target and drafter: `--target FILE.gguf` (served by llama-server as it is,
 loaded by our engine through its GGUF reader) and `--drafter DIR` (a trained drafter;
 its method from its config), e.g. the second target:
 
-    python scripts/peer_llama_cpp.py --target ~/.cache/dspark/gguf/qwen2.5-coder-0.5b-instruct.gguf \
+    dspark bench peers --engine llama.cpp --target ~/.cache/dspark/gguf/qwen2.5-coder-0.5b-instruct.gguf \
         --drafter runs/qwen/train/dspark --work runs/llama_cpp_qwen
 
 Acceptance rate = accepted draft tokens / drafted tokens over all prompts (llama-server
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import httpx
-from peer_common import ROOT, export_drafter, load_target_and_prompts, our_acceptance, print_table, sh
+from .common import ROOT, export_drafter, load_target_and_prompts, our_acceptance, print_table, sh
 
 SPEC_TYPES = {"dspark": "draft-dspark", "dflash": "draft-dflash", "eagle3": "draft-eagle3"}
 
@@ -57,7 +57,7 @@ def complete(url: str, prompts: list[list[int]], max_tokens: int) -> list[dict]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-dir", default=str(ROOT / ".llama.cpp"))
     ap.add_argument("--work", default=str(ROOT / "runs/llama_cpp"), help="GGUFs, exports and logs")
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16w", help="our engine's precision (bf16 weights like the GGUF)")
     ap.add_argument("--port", type=int, default=8731)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     llama, work = Path(args.llama_dir), Path(args.work)
     if not (llama / "build/bin/llama-server").is_file():
         sys.exit(f"no llama-server under {llama}; run scripts/install_llama_cpp.sh first")

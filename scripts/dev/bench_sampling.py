@@ -7,7 +7,7 @@ transform, which sorted the whole vocabulary of every row; rounds alternate, and
 round's ratio is reported with the median and spread. Also the transform alone on
 R rows of the default model's vocabulary.
 
-    python3 scripts/bench_sampling.py --rounds 5 --batch 1,16
+    python3 scripts/dev/bench_sampling.py --rounds 5 --batch 1,16
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 
 Writes a JSON report (`--out`) and prints a summary. Exits 1 if CUDA is missing.
 
-    python3 scripts/gpu_check.py --out gpu_check.json
+    python3 scripts/gpu/gpu_check.py --out gpu_check.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the default model (SmolLM2-135M shapes, bf16w), timed alone at N tokens over a
 256-token context, and scaled to the model's 30 layers.
 
-    python3 scripts/bench_step_ops.py [--tokens 1,2,4,6,7,8,12,16] [--threads 2] [--context 256]
+    python3 scripts/dev/bench_step_ops.py [--tokens 1,2,4,6,7,8,12,16] [--threads 2] [--context 256]
 
 Reads as: which op grows with the tokens of a verification step. The numbers are the
 kernels alone (warm caches for the weights of a layer only when a layer's weights fit

@@ -7,7 +7,7 @@ target's own answer. The drafter is still trained on the target's distributions
 (human text is not what the target would write) for volume: thousands of sequences
 in seconds instead of hours of CPU generation. Train-split prompts only.
 
-    python scripts/reference_records.py --out runs/data/reference.jsonl --max-response-tokens 256
+    python scripts/train/reference_records.py --out runs/data/reference.jsonl --max-response-tokens 256
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ served - engine thread is the delivery (the hand-off to the event loop, SSE fram
 detokenization, the client); engine thread - alone is what the HTTP side costs the
 forward. Reports medians of the rounds and each round's gap.
 
-    python3 scripts/bench_serving_path.py --rounds 8 --json out.json
+    python3 scripts/dev/bench_serving_path.py --rounds 8 --json out.json
 """
 
 from __future__ import annotations

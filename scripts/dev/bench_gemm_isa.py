@@ -1,7 +1,7 @@
 """The bf16w matmul's AVX-512 variant against its AVX2 one, interleaved, on the default
 model's shapes (and the second target's MLP): microseconds per call for 1..16 rows.
 
-    python3 scripts/bench_gemm_isa.py [--threads 2] [--rounds 5] [--json OUT]
+    python3 scripts/dev/bench_gemm_isa.py [--threads 2] [--rounds 5] [--json OUT]
 
 Both variants give the same bits (tests/test_cpu_kernels.py); this measures speed only.
 On a CPU without AVX-512 both rows are the AVX2 variant."""

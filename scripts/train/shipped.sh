@@ -2,15 +2,15 @@
 # Train, calibrate and evaluate the four shipped drafters for the default model with
 # one recipe and one budget (see dspark/drafters/shipped/README.md for the numbers).
 #
-#   bash scripts/train_shipped.sh            # CPU: two runs at a time, one thread each
-#   MINUTES=8 PAR=4 THREADS=4 bash scripts/train_shipped.sh   # a bigger machine or a GPU
+#   bash scripts/train/shipped.sh            # CPU: two runs at a time, one thread each
+#   MINUTES=8 PAR=4 THREADS=4 bash scripts/train/shipped.sh   # a bigger machine or a GPU
 #
 # Inputs: runs/data/train.jsonl and runs/data/heldout.jsonl (`dspark data generate`,
 # commands in the shipped README). Every run checkpoints every SAVE_MIN minutes and
 # resumes from its last checkpoint when the script is started again (RESUME=1), so a
 # lost machine costs at most one interval. Outputs under runs/train/<method>/.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MINUTES=${MINUTES:-30}          # training wall time per method (the budget)
 THREADS=${THREADS:-1}           # torch threads per run
 PAR=${PAR:-2}                   # runs at a time

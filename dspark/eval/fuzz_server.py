@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fuzz the HTTP API (`dspark.bench.fuzz`) and write what came back.
 
 Without --base-url, an in-process server is started on 127.0.0.1 with n-gram
@@ -6,8 +5,8 @@ speculation, on a small random model that has the default model's tokenizer and
 vocabulary: the same validation, tokenization, batching, speculation and streaming
 as on the real model, fast enough for ten thousand cases on two cores.
 
-    python scripts/fuzz_api.py --cases 10000 --seed 0 --out benchmarks/fuzz_api.json
-    python scripts/fuzz_api.py --base-url http://127.0.0.1:8000 --cases 500   # a running server
+    dspark bench fuzz --cases 10000 --seed 0 --out benchmarks/fuzz_api.json
+    dspark bench fuzz --base-url http://127.0.0.1:8000 --cases 500   # a running server
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=10000, help="cases to send (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="hypothesis seed: the same cases for the same seed")
@@ -31,7 +30,7 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4, help="cases in flight (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a case counts as a hang")
     p.add_argument("--out", default=None, help="write the report as JSON here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     import httpx
     from tqdm import tqdm

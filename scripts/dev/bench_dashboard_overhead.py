@@ -1,6 +1,6 @@
 """Serving throughput with the live dashboard open and closed, side by side.
 
-Usage: python scripts/bench_dashboard_overhead.py --url http://127.0.0.1:8000 [--api-key KEY]
+Usage: python scripts/dev/bench_dashboard_overhead.py --url http://127.0.0.1:8000 [--api-key KEY]
            [--rounds 6] [--concurrency 4] [--requests 16] [--max-tokens 64] [--pages 1]
 
 Against a running `dspark serve` (start it first, on an otherwise quiet machine),

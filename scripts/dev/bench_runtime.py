@@ -5,7 +5,7 @@ context, for 1, 8, 64 and 256 new tokens; then plain greedy decoding speed of
 `generate_plain` on MT-Bench-like prompts with 128 output tokens. Interleaves the
 two implementations per repeat so machine noise hits both alike, and reports medians.
 
-    python scripts/bench_runtime.py [--dtype bf16] [--repeats 15] [--json OUT]
+    python scripts/dev/bench_runtime.py [--dtype bf16] [--repeats 15] [--json OUT]
 """
 
 from __future__ import annotations

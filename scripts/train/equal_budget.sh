@@ -4,9 +4,9 @@
 # examples per step), the same schedule and the same number of steps, one after
 # another on every thread (two runs at once on two cores slow both far more than 2x).
 #
-#   bash scripts/train_equal_budget.sh                 # 800 steps each (~40 min on 2 cores)
-#   STEPS=3000 THREADS=16 bash scripts/train_equal_budget.sh
-#   RESUME=1 bash scripts/train_equal_budget.sh        # after an interruption
+#   bash scripts/train/equal_budget.sh                 # 800 steps each (~40 min on 2 cores)
+#   STEPS=3000 THREADS=16 bash scripts/train/equal_budget.sh
+#   RESUME=1 bash scripts/train/equal_budget.sh        # after an interruption
 #
 # DSpark and DFlash start from the target's last layers (`--init target`, taps ending in
 # the last layer: the start the A/B in the shipped README chose); Eagle3 is one layer
@@ -14,7 +14,7 @@
 # Outputs: runs/equal/<method>/ (train_log.jsonl, checkpoints), then the held-out
 # curves of the three on one figure (runs/equal/curves.png) and their table.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 STEPS=${STEPS:-800}
 THREADS=${THREADS:-2}
 DATA=${DATA:-runs/data/train.jsonl}

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Soak `dspark serve` on loopback with clients that misbehave, and check it held.
 
 For each phase (a speculative config and a number of minutes), a server is started
@@ -19,7 +18,7 @@ answered or cleanly errored (none lost: no 5xx, no transport error we did not ca
 no stream without its end), and every probe equal to the plain reference computed
 here with the same precision.
 
-    python scripts/soak.py --phases 'default:14,none:7' --out benchmarks/soak.json
+    dspark bench soak --phases 'default:14,none:7' --out benchmarks/soak.json
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ GAUGES = ("dspark:kv_slots_used", "dspark:spec_decode_drafter_requests", "dspark
           "dspark:num_requests_waiting")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--phases", default="default:14,none:7",
                    help="comma-separated SPEC:MINUTES; SPEC is 'default' (the shipped DSpark drafter, adaptive), "
@@ -56,7 +55,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the report as JSON here")
     p.add_argument("--log-dir", default="runs/soak", help="server logs and metric samples (default: %(default)s)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     phases = []
     for item in args.phases.split(","):
         spec, _, minutes = item.rpartition(":")

@@ -8,7 +8,7 @@ depend on them), one request with a 200-token context:
     every drafter kind.
 Configurations are interleaved per repeat and medians reported.
 
-    python scripts/bench_drafters.py [--repeats 15] [--json OUT]
+    python scripts/dev/bench_drafters.py [--repeats 15] [--json OUT]
 """
 
 from __future__ import annotations
