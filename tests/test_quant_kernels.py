@@ -17,8 +17,10 @@ _HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_
                 "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
-def random_blocks(qtype: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
-    """uint8 [rows, row bytes] of `qtype`: random quants and scales, finite fp16 fields."""
+def random_blocks(qtype: str, rows: int, k: int, seed: int = 0, exponents: tuple[int, int] = (-14, -4)
+                  ) -> torch.Tensor:
+    """uint8 [rows, row bytes] of `qtype`: random quants, finite fp16 scales and mins of
+    magnitude 2^exponents."""
     rng = np.random.default_rng(seed)
     per, nbytes = BLOCKS[qtype]
     if qtype in ("F32", "F16", "BF16"):
@@ -32,7 +34,7 @@ def random_blocks(qtype: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
     nblk = rows * k // per
     raw = rng.integers(0, 256, size=(nblk, nbytes), dtype=np.uint8)
     for off in _HALF_FIELDS[qtype]:
-        half = (rng.uniform(0.5, 2.0, nblk) * 2.0 ** rng.integers(-14, -4, nblk)).astype(np.float16)
+        half = (rng.uniform(0.5, 2.0, nblk) * 2.0 ** rng.integers(*exponents, nblk)).astype(np.float16)
         half[::7] *= -1  # negative scales and mins occur in files too
         raw[:, off:off + 2] = half.view(np.uint8).reshape(nblk, 2)
     return torch.from_numpy(raw.reshape(rows, -1).copy())
@@ -52,8 +54,18 @@ def gguf_dequantize(qtype: str, blocks: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(blocks.shape[0], k)
 
 
+@pytest.fixture(params=[0, 256, 512], ids=["reference", "avx2", "avx512"])
+def dequant_isa(request):
+    lib = cpu_kernels.load()
+    if request.param == 512 and "avx512bw" not in cpu_kernels.cpu_flags():
+        pytest.skip("this CPU lacks AVX-512")  # the reference and avx2 cases still run
+    lib.dspark_quant_set_dequant(request.param)
+    yield request.param
+    lib.dspark_quant_set_dequant(-1)
+
+
 @pytest.mark.parametrize("qtype", list(TYPES))
-def test_dequantized_values_are_the_gguf_package_values(qtype):
+def test_dequantized_values_are_the_gguf_package_values(qtype, dequant_isa):
     k = 512
     blocks = random_blocks(qtype, 9, k, seed=TYPES[qtype])
     ours = QuantMatrix([(qtype, blocks)], k).dequantize()

@@ -300,6 +300,10 @@ def cached_choose_precision(cfg: ModelConfig) -> tuple[str, str]:
     return best, line
 
 
+def device_is_cpu(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cpu"
+
+
 def _gguf_runs() -> bool:
     from . import cpu_kernels
 
@@ -387,7 +391,7 @@ def load_transformer(
     precision = parse_precision(precision, device)
     from .quantized import describe, has_quantized, model_matrices, read_quantized
 
-    quantized = has_quantized(path)
+    quantized = precision in ("auto", "gguf") and device_is_cpu(device) and has_quantized(path)
     if precision == "auto" and quantized and _gguf_runs():
         precision = "gguf"  # a quantized file is served as stored, never rounded to another type
     elif precision == "auto":

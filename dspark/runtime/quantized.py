@@ -9,7 +9,7 @@ model served is the file's model, and speculative, batched and chunked decoding 
 bit for bit what plain decoding gives.
 
 - `write_quantized`: at conversion (`gguf_model.gguf_model_dir`), every linear's raw
-  blocks go to `quantized.safetensors` beside the dequantized checkpoint, under the
+  blocks go to `quantized/blocks.safetensors` beside the dequantized checkpoint, under the
   Hugging Face names, rows in the checkpoint's order (a Llama file's q and k rows are
   permuted back as transformers does; checked row by row against the checkpoint);
 - `QuantMatrix`: one linear's blocks (one segment per source tensor: a fused q|k|v
@@ -31,7 +31,7 @@ from .cpu_kernels import load, why_unavailable
 
 #: the file beside a converted checkpoint that holds its linears' blocks, and the note
 #: that says whether there are any (or why they cannot be served)
-QUANTIZED_FILE = "quantized.safetensors"
+QUANTIZED_FILE = "quantized/blocks.safetensors"  # in a folder: not among the checkpoint's *.safetensors
 QUANTIZED_NOTE = "quantized.json"
 
 #: ggml type ids the kernel reads (ggml.h `enum ggml_type`)
@@ -138,11 +138,12 @@ def _llama_unpermute(rows: int, heads: int) -> torch.Tensor:
     """The row order transformers gives a Llama GGUF's q or k weight (its GGUF reader
     undoes the converter's rotary permutation): checkpoint row i is file row order[i]."""
     dim = rows // heads // 2
-    return torch.arange(rows).reshape(heads, 2, dim).transpose(1, 2).reshape(rows)
+    # the converter wrote checkpoint row (head, half, i) as file row (head, i, half)
+    return torch.arange(rows).reshape(heads, dim, 2).transpose(1, 2).reshape(rows)
 
 
 def write_quantized(gguf: Path, out_dir: Path) -> dict[str, int] | None:
-    """Write the file's linears' blocks to `out_dir/quantized.safetensors`, rows in the
+    """Write the file's linears' blocks to `out_dir/quantized/blocks.safetensors`, rows in the
     order of the dequantized checkpoint already in `out_dir` (each tensor checked row by
     row against it: the kernel's values must be the checkpoint's bit for bit). Returns a
     count of tensors by type, or None (and writes nothing) where no linear is quantized
@@ -193,13 +194,14 @@ def write_quantized(gguf: Path, out_dir: Path) -> dict[str, int] | None:
             meta[name] = types[t.name]
             counts[types[t.name]] = counts.get(types[t.name], 0) + 1
     tmp = out_dir / f"{QUANTIZED_FILE}.tmp{os.getpid()}"
+    tmp.parent.mkdir(exist_ok=True)
     save_file(blocks, str(tmp), metadata={"types": json.dumps(meta), "source": gguf.name})
     os.replace(tmp, out_dir / QUANTIZED_FILE)
     return counts
 
 
 def read_quantized(model_dir: Path) -> dict[str, tuple[str, torch.Tensor]]:
-    """`quantized.safetensors` of a converted checkpoint: HF name -> (type, blocks)."""
+    """The blocks file of a converted checkpoint: HF name -> (type, blocks)."""
     from safetensors import safe_open
 
     with safe_open(str(Path(model_dir) / QUANTIZED_FILE), framework="pt") as fh:
@@ -208,8 +210,9 @@ def read_quantized(model_dir: Path) -> dict[str, tuple[str, torch.Tensor]]:
 
 
 def has_quantized(model_dir: Path) -> bool:
-    """Whether the checkpoint was made from a quantized GGUF (raises QuantError where
-    that file holds a type the kernel cannot read)."""
+    """Whether the checkpoint was made from a quantized GGUF whose blocks the kernel
+    serves (raises QuantError where that file holds a type the kernel cannot read: the
+    caller asks only where the gguf precision would serve it)."""
     model_dir = Path(model_dir)
     try:
         note = json.loads((model_dir / QUANTIZED_NOTE).read_text())

@@ -86,10 +86,10 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
-/* One row of K weights (a multiple of the type's block) -> fp32. Plain C: the compiler
- * vectorizes the inner loops; every value is exact or rounded once, so any vector
- * width gives the same bits. */
-static void dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
+/* One row of K weights (a multiple of the type's block) -> fp32, one weight at a time:
+ * the reference the vector versions below are tested against (every value is exact or
+ * rounded once, the same way, so any vector width gives the same bits). */
+static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *restrict out) {
     int64_t bb;
     const int64_t bs = dspark_quant_block(type, &bb);
     const int64_t nb = K / bs;
@@ -205,6 +205,254 @@ static void dequant_row(int type, const uint8_t *row, int64_t K, float *restrict
             }
         }
     }
+}
+
+/* ---- vector dequantization: the same values, 16 (AVX-512) or 8 (AVX2) at a time ---- */
+
+/* 16 bytes -> 16 int32 lanes (AVX-512) */
+#define U8x16(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+
+static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    int64_t bb;
+    const int64_t bs = dspark_quant_block(type, &bb), nb = K / bs;
+    const __m512i f15 = _mm512_set1_epi32(15);
+    switch (type) {
+        case GT_F16:
+            for (int64_t i = 0; i < K; i += 16)
+                _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * i))));
+            return;
+        case GT_Q4_0: case GT_Q4_1:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const int one = type == GT_Q4_1;
+                const __m512 d = _mm512_set1_ps(h2f(blk));
+                const __m512i v = U8x16(blk + 2 + 2 * one);
+                __m512i lo = _mm512_and_si512(v, f15), hi = _mm512_srli_epi32(v, 4);
+                if (one) {
+                    const __m512 m = _mm512_set1_ps(h2f(blk + 2));
+                    _mm512_storeu_ps(out + 32 * b, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lo), m));
+                    _mm512_storeu_ps(out + 32 * b + 16, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(hi), m));
+                } else {
+                    const __m512i e = _mm512_set1_epi32(8);
+                    _mm512_storeu_ps(out + 32 * b, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, e))));
+                    _mm512_storeu_ps(out + 32 * b + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, e))));
+                }
+            }
+            return;
+        case GT_Q5_0: case GT_Q5_1:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const int one = type == GT_Q5_1;
+                const __m512 d = _mm512_set1_ps(h2f(blk));
+                uint32_t qh;
+                memcpy(&qh, blk + 2 + 2 * one, 4);
+                const __m512i v = U8x16(blk + 6 + 2 * one), sixteen = _mm512_set1_epi32(16);
+                __m512i lo = _mm512_and_si512(v, f15), hi = _mm512_srli_epi32(v, 4);
+                lo = _mm512_mask_add_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, sixteen);
+                hi = _mm512_mask_add_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
+                if (one) {
+                    const __m512 m = _mm512_set1_ps(h2f(blk + 2));
+                    _mm512_storeu_ps(out + 32 * b, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lo), m));
+                    _mm512_storeu_ps(out + 32 * b + 16, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(hi), m));
+                } else {
+                    _mm512_storeu_ps(out + 32 * b, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen))));
+                    _mm512_storeu_ps(out + 32 * b + 16,
+                                     _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen))));
+                }
+            }
+            return;
+        case GT_Q8_0:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const __m512 d = _mm512_set1_ps(h2f(blk));
+                for (int h = 0; h < 2; h++) {
+                    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h)));
+                    _mm512_storeu_ps(out + 32 * b + 16 * h, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q)));
+                }
+            }
+            return;
+        case GT_Q4_K: case GT_Q5_K:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const float d = h2f(blk), dmin = h2f(blk + 2);
+                const int five = type == GT_Q5_K;
+                const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
+                float *y = out + 256 * b;
+                for (int g = 0; g < 4; g++) {
+                    int sc1, m1, sc2, m2;
+                    scale_min_k4(2 * g, blk + 4, &sc1, &m1);
+                    scale_min_k4(2 * g + 1, blk + 4, &sc2, &m2);
+                    const __m512 d1 = _mm512_set1_ps(d * (float)sc1), o1 = _mm512_set1_ps(dmin * (float)m1);
+                    const __m512 d2 = _mm512_set1_ps(d * (float)sc2), o2 = _mm512_set1_ps(dmin * (float)m2);
+                    for (int h = 0; h < 2; h++) {
+                        const __m512i v = U8x16(qs + 32 * g + 16 * h);
+                        __m512i lo = _mm512_and_si512(v, f15), hi = _mm512_srli_epi32(v, 4);
+                        if (five) {
+                            const __m512i vh = U8x16(qh + 16 * h);
+                            const __m512i one = _mm512_set1_epi32(1);
+                            lo = _mm512_or_si512(lo, _mm512_slli_epi32(
+                                _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g), one), 4));
+                            hi = _mm512_or_si512(hi, _mm512_slli_epi32(
+                                _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g + 1), one), 4));
+                        }
+                        _mm512_storeu_ps(y + 64 * g + 16 * h, _mm512_fmsub_ps(d1, _mm512_cvtepi32_ps(lo), o1));
+                        _mm512_storeu_ps(y + 64 * g + 32 + 16 * h, _mm512_fmsub_ps(d2, _mm512_cvtepi32_ps(hi), o2));
+                    }
+                }
+            }
+            return;
+        case GT_Q6_K:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const int8_t *sc = (const int8_t *)(blk + 192);
+                const float d = h2f(blk + 208);
+                const __m512i three = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *l0 = blk + 64 * half, *h0 = blk + 128 + 32 * half;
+                    const int8_t *s = sc + 8 * half;
+                    float *y = out + 256 * b + 128 * half;
+                    for (int h = 0; h < 2; h++) {  /* l = 16 h .. 16 h + 15 */
+                        const __m512i a = U8x16(l0 + 16 * h), c = U8x16(l0 + 32 + 16 * h), q = U8x16(h0 + 16 * h);
+                        const __m512i q1 = _mm512_or_si512(_mm512_and_si512(a, f15),
+                                                           _mm512_slli_epi32(_mm512_and_si512(q, three), 4));
+                        const __m512i q2 = _mm512_or_si512(_mm512_and_si512(c, f15), _mm512_slli_epi32(
+                            _mm512_and_si512(_mm512_srli_epi32(q, 2), three), 4));
+                        const __m512i q3 = _mm512_or_si512(_mm512_srli_epi32(a, 4), _mm512_slli_epi32(
+                            _mm512_and_si512(_mm512_srli_epi32(q, 4), three), 4));
+                        const __m512i q4 = _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(
+                            _mm512_srli_epi32(q, 6), 4));
+                        const __m512i qq[4] = {q1, q2, q3, q4};
+                        for (int j = 0; j < 4; j++) {
+                            const __m512 ds = _mm512_set1_ps(d * (float)s[h + 2 * j]);
+                            _mm512_storeu_ps(y + 32 * j + 16 * h,
+                                             _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(qq[j], off))));
+                        }
+                    }
+                }
+            }
+            return;
+        default:
+            dequant_row_ref(type, row, K, out);
+    }
+}
+
+/* 8 bytes -> 8 int32 lanes (AVX2) */
+#define U8x8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+
+static void dq256(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    int64_t bb;
+    const int64_t bs = dspark_quant_block(type, &bb), nb = K / bs;
+    const __m256i f15 = _mm256_set1_epi32(15);
+    switch (type) {
+        case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const int one = type == GT_Q4_1 || type == GT_Q5_1, five = type == GT_Q5_0 || type == GT_Q5_1;
+                const __m256 d = _mm256_set1_ps(h2f(blk));
+                const __m256 m = _mm256_set1_ps(one ? h2f(blk + 2) : 0.0f);
+                uint32_t qh = 0;
+                if (five) memcpy(&qh, blk + 2 + 2 * one, 4);
+                const uint8_t *qs = blk + 2 + 2 * one + 4 * five;
+                const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+                const __m256i e = _mm256_set1_epi32(five ? 16 : 8);
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = U8x8(qs + 8 * h);
+                    __m256i q[2] = {_mm256_and_si256(v, f15), _mm256_srli_epi32(v, 4)};
+                    for (int n = 0; n < 2; n++) {  /* weights 16 n + 8 h .. + 7 */
+                        if (five) {
+                            const __m256i hb = _mm256_set1_epi32((int)((qh >> (16 * n + 8 * h)) & 0xFF));
+                            const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(hb, bit), bit);
+                            q[n] = _mm256_or_si256(q[n], _mm256_and_si256(set, _mm256_set1_epi32(16)));
+                        }
+                        __m256 w = one ? _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q[n]), m)
+                                       : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[n], e)));
+                        _mm256_storeu_ps(out + 32 * b + 16 * n + 8 * h, w);
+                    }
+                }
+            }
+            return;
+        case GT_Q8_0:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const __m256 d = _mm256_set1_ps(h2f(blk));
+                for (int h = 0; h < 4; h++) {
+                    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * h)));
+                    _mm256_storeu_ps(out + 32 * b + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+                }
+            }
+            return;
+        case GT_Q4_K: case GT_Q5_K:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const float d = h2f(blk), dmin = h2f(blk + 2);
+                const int five = type == GT_Q5_K;
+                const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
+                float *y = out + 256 * b;
+                for (int g = 0; g < 4; g++) {
+                    int sc1, m1, sc2, m2;
+                    scale_min_k4(2 * g, blk + 4, &sc1, &m1);
+                    scale_min_k4(2 * g + 1, blk + 4, &sc2, &m2);
+                    const __m256 d1 = _mm256_set1_ps(d * (float)sc1), o1 = _mm256_set1_ps(dmin * (float)m1);
+                    const __m256 d2 = _mm256_set1_ps(d * (float)sc2), o2 = _mm256_set1_ps(dmin * (float)m2);
+                    for (int h = 0; h < 4; h++) {
+                        const __m256i v = U8x8(qs + 32 * g + 8 * h);
+                        __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_srli_epi32(v, 4);
+                        if (five) {
+                            const __m256i vh = U8x8(qh + 8 * h), one = _mm256_set1_epi32(1);
+                            lo = _mm256_or_si256(lo, _mm256_slli_epi32(
+                                _mm256_and_si256(_mm256_srli_epi32(vh, 2 * g), one), 4));
+                            hi = _mm256_or_si256(hi, _mm256_slli_epi32(
+                                _mm256_and_si256(_mm256_srli_epi32(vh, 2 * g + 1), one), 4));
+                        }
+                        _mm256_storeu_ps(y + 64 * g + 8 * h, _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(lo), o1));
+                        _mm256_storeu_ps(y + 64 * g + 32 + 8 * h, _mm256_fmsub_ps(d2, _mm256_cvtepi32_ps(hi), o2));
+                    }
+                }
+            }
+            return;
+        case GT_Q6_K:
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * bb;
+                const int8_t *sc = (const int8_t *)(blk + 192);
+                const float d = h2f(blk + 208);
+                const __m256i three = _mm256_set1_epi32(3), off = _mm256_set1_epi32(32);
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *l0 = blk + 64 * half, *h0 = blk + 128 + 32 * half;
+                    const int8_t *s = sc + 8 * half;
+                    float *y = out + 256 * b + 128 * half;
+                    for (int h = 0; h < 4; h++) {  /* l = 8 h .. 8 h + 7 */
+                        const __m256i a = U8x8(l0 + 8 * h), c = U8x8(l0 + 32 + 8 * h), q = U8x8(h0 + 8 * h);
+                        const __m256i qq[4] = {
+                            _mm256_or_si256(_mm256_and_si256(a, f15), _mm256_slli_epi32(_mm256_and_si256(q, three), 4)),
+                            _mm256_or_si256(_mm256_and_si256(c, f15),
+                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 2), three), 4)),
+                            _mm256_or_si256(_mm256_srli_epi32(a, 4),
+                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 4), three), 4)),
+                            _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(_mm256_srli_epi32(q, 6), 4))};
+                        for (int j = 0; j < 4; j++) {
+                            const __m256 ds = _mm256_set1_ps(d * (float)s[h / 2 + 2 * j]);
+                            _mm256_storeu_ps(y + 32 * j + 8 * h,
+                                             _mm256_mul_ps(ds, _mm256_cvtepi32_ps(_mm256_sub_epi32(qq[j], off))));
+                        }
+                    }
+                }
+            }
+            return;
+        default:
+            dequant_row_ref(type, row, K, out);
+    }
+}
+
+/* 0: the one-at-a-time reference, 256 / 512: the vector versions (tests compare them) */
+static int dequant_isa = -1;
+
+void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
+
+static void dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    const int isa = dequant_isa >= 0 ? dequant_isa : dspark_gemm_bf16w_isa();
+    if (isa == 512) dq512(type, row, K, out);
+    else if (isa == 256) dq256(type, row, K, out);
+    else dequant_row_ref(type, row, K, out);
 }
 
 /* The exact fp32 values of `rows` rows (for tests and for embeddings). */

@@ -1,0 +1,199 @@
+"""Quantized GGUF files served as stored (the gguf precision): a tiny file of each
+architecture whose linears mix every type the kernel reads loads with `--dtype auto`
+as `gguf`, computes what transformers computes in fp32 on the same file, decodes the
+same greedy tokens, and gives a row the same bits whatever shares its step. A type the
+kernel cannot read gets a message naming the tensor; `--dtype fp32` still serves it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dspark.runtime import cpu_kernels
+from dspark.runtime.loader import load_transformer
+from dspark.runtime.quantized import QuantError
+from test_gguf import CHATML, SPECIAL, _llama_permute, _vocab
+from test_loading import _logits
+from test_quant_kernels import random_blocks
+
+gguf = pytest.importorskip("gguf")
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="native kernels unavailable")
+
+#: per GGUF linear, its type in each mix (together every type the kernel reads)
+MIXES = {
+    "k-types": {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q8_0", "ffn_gate": "Q4_0",
+                "ffn_up": "Q5_0", "ffn_down": "Q4_K", "token_embd": "Q6_K", "output": "Q8_0"},
+    "legacy": {"attn_q": "Q4_1", "attn_k": "Q5_1", "attn_v": "Q8_0", "attn_output": "F16", "ffn_gate": "BF16",
+               "ffn_up": "Q4_0", "ffn_down": "Q5_0", "token_embd": "Q8_0", "output": "F32"},
+}
+#: gguf can quantize these from float weights; K-types get random blocks (it has no K quantizer)
+_FROM_FLOAT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+IDS = [3, 17, 5, 99, 42, 8, 64, 11, 23]
+
+
+def tiny_hf(kind: str, path, tie: bool):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=101, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=tie, rms_norm_eps=1e-6)
+    cfg = {"llama": lambda: LlamaConfig(**common, rope_theta=10000.0),
+           "qwen2": lambda: Qwen2Config(**common, rope_theta=1000000.0),
+           "qwen3": lambda: Qwen3Config(**common, head_dim=64, rope_theta=1000000.0)}[kind]()
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+def write_mixed_gguf(hf, kind: str, path, mix: dict[str, str], make_blocks=random_blocks) -> None:
+    cfg = hf.config
+    w = gguf.GGUFWriter(str(path), kind)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta if hasattr(cfg, "rope_theta") else cfg.rope_parameters["rope_theta"])
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    tokens, merges = _vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if kind != "llama" else "default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template(CHATML)
+    sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    seed = iter(range(1000))
+
+    def put(name: str, a: np.ndarray, qtype: str | None) -> None:
+        if qtype is None or a.ndim != 2:
+            w.add_tensor(name, np.ascontiguousarray(a))
+        elif qtype in _FROM_FLOAT:
+            t = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+        elif qtype in ("F16", "F32"):
+            w.add_tensor(name, np.ascontiguousarray(a.astype(np.float16 if qtype == "F16" else np.float32)))
+        else:  # K-types and BF16: blocks written as raw bytes
+            rows, k = a.shape
+            blocks = make_blocks(qtype, rows, k, seed=next(seed), exponents=(-12, -9)).numpy()
+            if qtype == "BF16":
+                blocks = torch.from_numpy(a).to(torch.bfloat16).view(torch.uint8).numpy().reshape(rows, -1)
+            w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[qtype])
+
+    put("token_embd.weight", sd["model.embed_tokens.weight"], mix["token_embd"])
+    put("output_norm.weight", sd["model.norm.weight"], None)
+    if not cfg.tie_word_embeddings:
+        put("output.weight", sd["lm_head.weight"], mix["output"])
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "gate_proj": "ffn_gate", "up_proj": "ffn_up",
+             "down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for key, a in sd.items():
+        parts = key.split(".")
+        if parts[1] != "layers":
+            continue
+        i, mod, kind_ = parts[2], parts[-2], parts[-1]
+        if kind == "llama" and mod in ("q_proj", "k_proj"):
+            a = _llama_permute(a, cfg.num_attention_heads if mod == "q_proj" else cfg.num_key_value_heads)
+        put(f"blk.{i}.{names[mod]}.{kind_}", a, mix.get(names[mod]) if kind_ == "weight" else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+
+
+def _transformers_fp32(tmp_path, path, kind, hf):
+    from transformers import AutoModelForCausalLM
+
+    extra = {"head_dim": hf.config.head_dim} if kind == "qwen3" else {}
+    return AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32,
+                                                **extra).eval()
+
+
+@pytest.mark.parametrize("kind,tie", [("llama", False), ("qwen2", True), ("qwen3", False)])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_quantized_file_is_served_as_stored_and_equals_transformers(tmp_path, kind, tie, mix):
+    from dspark.generate import generate_plain
+    from dspark.runtime.target import Target
+    from dspark.sampling import SamplingParams
+
+    hf = tiny_hf(kind, tmp_path / "hf", tie)
+    path = tmp_path / f"tiny-{kind}-{mix}.gguf"
+    write_mixed_gguf(hf, kind, path, MIXES[mix])
+    said: list[str] = []
+    target = Target.load(str(path), dtype="auto", device="cpu", max_len=128, log=said.append)
+    assert target.precision == "gguf"
+    assert any(line.startswith("dtype gguf:") for line in said), said
+    ref = _transformers_fp32(tmp_path, path, kind, hf)
+    with torch.no_grad():
+        want = ref(torch.tensor([IDS])).logits[0]
+    ours = _logits(target.model, IDS)
+    # fp32 sums in another order: differences of a few ulps of the largest logit
+    torch.testing.assert_close(ours, want, atol=1e-5 * float(want.abs().max()), rtol=1e-4)
+    # greedy decoding: transformers fp32 on the file, token for token
+    out = generate_plain(target, IDS, SamplingParams(max_tokens=12, ignore_eos=True)).token_ids
+    with torch.no_grad():
+        hf_ids = ref.generate(torch.tensor([IDS]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[0]
+    assert out == hf_ids[len(IDS):].tolist()
+
+
+def test_a_step_gives_each_row_the_bits_of_decoding_it_alone(tmp_path):
+    """Verification and chunked prefill run several rows through one step: each row's
+    logits are those of the one-row steps that plain decoding runs."""
+    from dspark.runtime.batch import FlatBatch
+    from dspark.runtime.kv_cache import KVCachePool
+
+    hf = tiny_hf("qwen2", tmp_path / "hf", tie=True)
+    path = tmp_path / "tiny.gguf"
+    write_mixed_gguf(hf, "qwen2", path, MIXES["k-types"])
+    from dspark.runtime.loader import resolve_model_path
+
+    model = load_transformer(resolve_model_path(str(path)), "gguf")
+    whole = _logits(model, IDS)
+    cache = KVCachePool(model.cfg, 1, 64, model.dtype, model.device)
+    rows = []
+    for i, t in enumerate(IDS):
+        rows.append(model(FlatBatch(torch.tensor([t]), torch.tensor([i]), [0], [0, 1]), cache)[0][0])
+    assert torch.equal(torch.stack(rows), whole)
+
+
+def test_a_type_the_kernel_cannot_read_is_named(tmp_path):
+    from dspark.runtime.loader import resolve_model_path
+
+    hf = tiny_hf("qwen2", tmp_path / "hf", tie=True)
+    path = tmp_path / "q2k.gguf"
+    mix = dict(MIXES["k-types"], ffn_down="Q2_K")
+    write_mixed_gguf(hf, "qwen2", path, mix, make_blocks=q2k_or_random_blocks)
+    model_dir = resolve_model_path(str(path))
+    with pytest.raises(QuantError, match=r"blk\.0\.ffn_down\.weight is Q2_K"):
+        load_transformer(model_dir, "auto")
+    assert load_transformer(model_dir, "fp32").precision == "fp32"  # dequantized when asked
+
+
+def q2k_or_random_blocks(qtype, rows, k, seed=0, exponents=(-12, -9)):
+    """Q2_K raw blocks (gguf dequantizes them; the kernel does not read them) with
+    finite fp16 scales; other types as `random_blocks`."""
+    if qtype != "Q2_K":
+        return random_blocks(qtype, rows, k, seed, exponents)
+    raw = np.random.default_rng(seed).integers(0, 256, size=(rows * k // 256, 84), dtype=np.uint8)
+    raw[:, 80:84] = np.full((raw.shape[0], 2), 2.0 ** -10, dtype=np.float16).view(np.uint8)
+    return torch.from_numpy(raw.reshape(rows, -1).copy())
