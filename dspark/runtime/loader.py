@@ -387,8 +387,12 @@ def load_transformer(
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
     precision = dtype if isinstance(dtype, str) else {v: k for k, v in _COMPUTE.items()
-                                                      if k not in ("bf16w", "bf16x")}[dtype]
+                                                      if k not in ("bf16w", "bf16x", "gguf")}[dtype]
+    asked = precision
     precision = parse_precision(precision, device)
+    if _ALIASES.get(asked, asked) == "bf16" and precision != "bf16" and log is not None:
+        log(f"dtype bf16 on a CPU: {precision} (bf16 weights through the batch-invariant kernels; oneDNN's "
+            "bf16 matmuls would let a token's logits depend on what shares its step)")
     from .quantized import describe, has_quantized, model_matrices, read_quantized
 
     quantized = precision in ("auto", "gguf") and device_is_cpu(device) and has_quantized(path)
