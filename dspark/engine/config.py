@@ -1,6 +1,7 @@
 """The engine's configuration, in one place: `EngineConfig` (batching and memory)
 and `SpeculativeConfig` (what `--speculative-config` carries, with vLLM's key names),
-the one meaning of a missing `--speculative-config`, and the drafter a config names.
+and the one meaning of a missing `--speculative-config`. Building the drafter a config
+names lives with the drafters (`dspark.drafters.build`).
 
 Method names belong to `dspark.drafters` (SPECULATIVE_METHODS), policy names to
 `dspark.schedule` (POLICY_NAMES); each default is stated once, here, and the CLI's
@@ -238,61 +239,6 @@ class SpeculativeConfig:
 def _check_non_negative_int(name: str, value, note: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise UserError(f"{name} must be a non-negative integer{note}, got {value!r}")
-
-
-def build_drafter(spec: SpeculativeConfig, target):
-    """The drafter a config names, placed on the target's device."""
-    from dspark.drafters import create_drafter, load_drafter
-
-    if spec.priced_lookup:
-        from dspark.drafters.lookup import LookupCalibration
-        from dspark.drafters.priced_lookup import LookupDrafter
-
-        calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
-        return _with_history(spec, LookupDrafter(calibration, spec.prompt_lookup_max, spec.prompt_lookup_min,
-                                                 spec.num_speculative_tokens or 7, device=target.device))
-    if spec.method == "ngram":
-        sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
-        return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
-                              min_ngram=spec.prompt_lookup_min, **sizes)
-    from dspark.runtime.weight_formats import pack_cpu_bf16_linears, use_bf16_weights, use_f32_panels, weight_kind
-
-    path = spec.drafter_path(target.name)
-    if path is None:
-        sizes = {"block_size": spec.num_speculative_tokens + 1} if spec.num_speculative_tokens and spec.method in ("dspark", "dflash") else {}
-        drafter = create_drafter(spec.method, target.model, seed=0, **sizes)
-    else:
-        drafter = load_drafter(path, target.model)
-    if spec.markov_candidates is not None:
-        drafter.markov_candidates = spec.markov_candidates
-    drafter.greedy_logits = False  # the engine reads a greedy draft's tokens alone
-    precision = getattr(target.model, "precision", None)
-    if precision in ("bf16w", "bf16x"):
-        # the target's weight format for the drafter's linears too: a draft reads its
-        # weights once per step, and fp32 weights double that traffic
-        use_bf16_weights(drafter, embeddings=False, kind=precision)
-    elif precision == "fp32" and weight_kind(target.model.layers[0].qkv_proj) == "f32w":
-        use_f32_panels(drafter)  # the target's batch-invariant fp32 kernel (2-3 rows at a row's cost)
-    else:
-        pack_cpu_bf16_linears(drafter)
-    if spec.lookup:
-        from dspark.drafters.hybrid import HybridDrafter
-        from dspark.drafters.lookup import LookupCalibration
-
-        calibration = LookupCalibration.load(spec.lookup_calibration) if spec.lookup_calibration else None
-        drafter = HybridDrafter(drafter, calibration, spec.prompt_lookup_max, spec.prompt_lookup_min)
-        drafter.drafter_trust.enabled = spec.drafter_trust
-        _with_history(spec, drafter)
-    return drafter
-
-
-def _with_history(spec: SpeculativeConfig, drafter):
-    """`drafter` (a calibrated lookup) with the reply history `spec` asks for."""
-    if spec.lookup_history:
-        from dspark.drafters.reply_history import ReplyHistory
-
-        drafter.reply_history = ReplyHistory()
-    return drafter
 
 
 def parse_speculative_arg(text: str | None) -> "SpeculativeConfig | str | None":

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from dspark.drafters.build import drafter_from_spec
 from dspark.errors import UserError
 from dspark.runtime.kv_cache import ContextTooLong
 from dspark.runtime.loader import BATCH_INVARIANT_CPU
@@ -26,7 +27,7 @@ from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams, StopRule
 from dspark.schedule.policies import make_policy
 
-from .config import EngineConfig, SpeculativeConfig, build_drafter
+from .config import EngineConfig, SpeculativeConfig
 from .prefix_cache import PrefixCache
 from .runner import SpecRunner
 from .sequence import Sequence, SpecStats, Status
@@ -82,7 +83,7 @@ class LLMEngine:
         cache = target.new_cache(self.config.max_num_seqs, self.config.max_model_len)
         drafter = None
         if spec is not None and (spec.policy != "none"):
-            drafter = build_drafter(spec, target)
+            drafter = drafter_from_spec(spec, target)
             drafter.reserve(self.config.max_num_seqs, self.config.max_model_len + 1)
         # the one place the verification length is settled: as asked, at most what the drafter drafts
         n = min(spec.num_speculative_tokens or drafter.max_draft_tokens, drafter.max_draft_tokens) \
