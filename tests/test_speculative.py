@@ -92,11 +92,11 @@ def _plain_reference(target: Target, prompts: list[list[int]], max_tokens: int) 
     return [generate_plain(target, p, SamplingParams(max_tokens=max_tokens)).token_ids for p in prompts]
 
 
-@pytest.fixture(scope="module", params=["fp32", "bf16w", *BF16X_PRECISIONS])
+@pytest.fixture(scope="module", params=["fp32", "bf16w", *BF16X_PRECISIONS, "gguf"])
 def greedy_case(request):
-    """The default model in each batch-invariant CPU precision (fp32, bf16w, and bf16x
-    where the CPU has AMX or avx512_bf16), with plain greedy references decoded in that
-    precision."""
+    """The default model in each batch-invariant CPU precision (fp32, bf16w, bf16x where
+    the CPU has AMX or avx512_bf16, and gguf: its Q4_1 file's blocks as stored), with
+    plain greedy references decoded in that precision."""
     target = request.getfixturevalue(f"default_target_{request.param}")
     prompts = [target.tokenizer.chat_prompt(p) for p in ALL_PROMPTS]
     refs = _plain_reference(target, prompts, 24)
@@ -343,3 +343,23 @@ def test_greedy_16_concurrent_equals_plain_under_every_policy(greedy_case, polic
         assert stats.draft_tokens == 0
     elif policy == "fixed":
         assert stats.draft_tokens > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["default", "hybrid", "lookup"])
+def test_quantized_file_speculative_equals_plain_with_chunked_prompts(default_target_gguf, preset):
+    """The default model's Q4_1 file served as stored: the default configuration, the
+    hybrid and prompt lookup give plain decoding's tokens, prompts prefilled 7 tokens a
+    step beside running verifications (llama.cpp's quantized kernels change with the
+    batch, so its speculative output can differ from its plain output; ours may not)."""
+    from dspark.presets import PRESETS
+
+    target = default_target_gguf
+    prompts = [target.tokenizer.chat_prompt(p) for p in ALL_PROMPTS[:12]]
+    refs = _plain_reference(target, prompts, 24)
+    spec = SpeculativeConfig.from_dict(PRESETS[preset])
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=6, max_model_len=512, max_prefill_tokens=7))
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=24))
+    for p, seq, ref in zip(ALL_PROMPTS, seqs, refs):
+        assert seq.output_ids == ref, (preset, p)
+    assert engine.total_stats().rounds > 0
