@@ -63,7 +63,7 @@ def test_a_plain_request_in_a_speculative_engine_is_never_drafted_and_stays_exac
         [prompt], params)[0].output_ids
     engine = spec_engine(default_target_fp32, 2)
     # the drafter held on (hybrid drafting starts with lookup alone, and this prompt has nothing to copy)
-    engine.drafter_governor.speculating = lambda num_requests: True
+    engine.drafter_or_lookup.on = lambda num_requests: True
     plain = engine.add_request(prompt, params, speculate=False)
     spec = engine.add_request(prompt, params)
     while engine.has_unfinished():

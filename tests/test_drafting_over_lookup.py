@@ -132,16 +132,16 @@ def _after_each_step(engine: LLMEngine, see) -> None:
 @pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
 @pytest.mark.parametrize("lookup", [True, False])
 def test_a_drafter_slower_than_its_absence_is_turned_off_by_measurement(greedy_case, lookup):  # noqa: F811
-    """At the load levels the governor leaves speculating, the drafter governor runs the
+    """At the load levels speculate_or_plain leaves speculating, drafter_or_lookup runs the
     drafter or not (hybrid drafting: lookup alone; a drafter alone: plain decoding's
     step) by measured throughput: a drafter made 50 ms slower a call loses its trials,
     and the steps go on without it, exact."""
-    from dspark.engine.governor import PLAIN, SPEC, SpecGovernor
+    from dspark.engine.load_governor import OFF, ON, LoadGovernor
 
     target, prompts, refs = greedy_case
     engine = _governed(target, 1, lookup)
-    assert engine.drafter_governor is not None and not engine.governor.governs(1)
-    engine.drafter_governor = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)  # decide quickly
+    assert engine.drafter_or_lookup is not None and not engine.speculate_or_plain.governs(1)
+    engine.drafter_or_lookup = LoadGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)  # decide quickly
     runner = engine.runner
     runner.policy.should_draft = lambda num_requests, num_drafted: True  # the scheduler would draft every step
     runner._drafting_over_lookup = lambda decodes, rows, n, prefill_tokens: rows
@@ -157,8 +157,8 @@ def test_a_drafter_slower_than_its_absence_is_turned_off_by_measurement(greedy_c
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
         assert seq.output_ids == ref
-    level = engine.drafter_governor.levels[0]
-    assert level.mode == PLAIN and level.steps[PLAIN] > level.steps[SPEC] > 0
+    level = engine.drafter_or_lookup.levels[0]
+    assert level.mode == OFF and level.steps[OFF] > level.steps[ON] > 0
     assert modes[-16:] == [False] * 16  # the last steps ran without the drafter
     assert engine.total_stats().accepted_tokens > 0
 
@@ -175,7 +175,7 @@ def test_a_long_stretch_with_the_drafter_off_lets_it_go_instead_of_feeding_it(gr
     params = SamplingParams(max_tokens=PENDING_FLUSH, ignore_eos=True)
     ref = LLMEngine(target, None, EngineConfig(max_num_seqs=1, max_model_len=1024)).generate(prompts[:1], params)
     engine = _governed(target, 1, max_model_len=1024)
-    engine.drafter_governor.speculating = lambda num_requests: False  # lookup alone throughout
+    engine.drafter_or_lookup.on = lambda num_requests: False  # lookup alone throughout
     runner, fed, let_go = engine.runner, [], set()
     append = runner.drafter.append_context
 
@@ -196,11 +196,11 @@ def test_a_long_stretch_with_the_drafter_off_lets_it_go_instead_of_feeding_it(gr
 def test_hybrid_drafting_starts_every_level_with_lookup_alone(greedy_case):  # noqa: F811
     """Hybrid drafting runs lookup alone first at every load level, the governed ones and
     those below them alike: the drafter is not called until a trial shows it pays."""
-    from dspark.engine.governor import PLAIN
+    from dspark.engine.load_governor import OFF
 
     target, prompts, refs = greedy_case
     engine = _governed(target, 4)
-    engine.governor.speculating = lambda num_requests: True  # every level speculates here
+    engine.speculate_or_plain.on = lambda num_requests: True  # every level speculates here
     runner, drafted_at = engine.runner, []
     runner.policy.should_draft = lambda num_requests, num_drafted: True
     runner._drafting_over_lookup = lambda decodes, rows, n, prefill_tokens: rows
@@ -218,26 +218,26 @@ def test_hybrid_drafting_starts_every_level_with_lookup_alone(greedy_case):  # n
         engine.step()
     for seq, ref, n in zip(seqs, refs[1:5], lengths):
         assert seq.output_ids == ref[:n]
-    levels = engine.drafter_governor.levels
+    levels = engine.drafter_or_lookup.levels
     assert {0, 2} <= set(levels)  # one request and four were reached
     for level in levels.values():
-        assert level.start == PLAIN and level.steps[PLAIN] > 0
+        assert level.start == OFF and level.steps[OFF] > 0
     assert drafted_at == []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("greedy_case", ["fp32"], indirect=True)
 def test_a_drafter_that_beats_lookup_alone_is_turned_on_by_measurement(greedy_case):  # noqa: F811
-    """From lookup alone first, the drafter governor's trial runs the drafter, and where
+    """From lookup alone first, drafter_or_lookup's trial runs the drafter, and where
     it is faster and emits more (here: lookup alone made to find nothing) the level
     keeps it; exact. The governor's clock is the test's: every step costs what a plain
     step costs (a wall clock on a busy machine can make either mode lose a 4-step block),
     so the drafter wins on the tokens it emits, counted."""
-    from dspark.engine.governor import SPEC, SpecGovernor
+    from dspark.engine.load_governor import ON, LoadGovernor
 
     target, prompts, refs = greedy_case
     engine = _governed(target, 1)
-    governor = engine.drafter_governor = SpecGovernor(from_requests=1, trial=4, min_gap=8, max_gap=64, warmup=1)
+    governor = engine.drafter_or_lookup = LoadGovernor(from_requests=1, trial=4, min_gap=8, max_gap=64, warmup=1)
     record = governor.record
     governor.record = lambda n, out, seconds, plain, *rest: record(n, out, plain, plain, *rest)
     runner, modes = engine.runner, []
@@ -248,7 +248,7 @@ def test_a_drafter_that_beats_lookup_alone_is_turned_on_by_measurement(greedy_ca
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
         assert seq.output_ids == ref
-    level = engine.drafter_governor.levels[0]
+    level = engine.drafter_or_lookup.levels[0]
     assert modes[0] is False  # lookup alone first
-    assert level.mode == SPEC and level.steps[SPEC] > 0
+    assert level.mode == ON and level.steps[ON] > 0
     assert modes.count(True) > modes.count(False)  # most steps ran the drafter, once it won

@@ -254,9 +254,9 @@ def test_the_engine_feeds_the_live_table_and_stays_exact(greedy_case):  # noqa: 
     # the watch compares against the profile as it was, not the live curve
     assert engine.step_watch.table is not table and engine.step_watch.table.target_time(8) == pytest.approx(0.030)
     engine, _ = adaptive_hybrid_engine(target, live_step_time=False)
-    assert engine.live_table is None and engine.governor is None
+    assert engine.live_table is None and engine.speculate_or_plain is None
     engine, _ = adaptive_hybrid_engine(target, plain_fallback=True)
-    assert engine.governor is not None
+    assert engine.speculate_or_plain is not None
 
 
 from test_speculative import greedy_case, tiny_target  # noqa: E402,F401  (fixtures)

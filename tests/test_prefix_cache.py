@@ -192,20 +192,20 @@ def test_reuse_stays_exact_while_the_governor_switches_modes(greedy_case):  # no
     kept in a plain-mode step have no taps (the step tapped nothing), those kept while
     speculating do; requests admitted in either mode reuse what they may and decode
     exactly the plain greedy references (decoded without any engine)."""
-    from dspark.engine.governor import PLAIN, SPEC, SpecGovernor
+    from dspark.engine.load_governor import OFF, ON, LoadGovernor
     from dspark.sampling import SamplingParams
     from test_live_step_time import adaptive_hybrid_engine
 
     target, prompts, refs = greedy_case
     engine, _ = adaptive_hybrid_engine(target)
-    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)
+    engine.speculate_or_plain = LoadGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)
     outs = []
     for i in range(0, 8, 2):  # two at a time: the later pairs reuse the earlier prompts
         outs += engine.generate(prompts[i: i + 2], SamplingParams(max_tokens=24))
     for seq, ref in zip(outs, refs[:8]):
         assert seq.output_ids == ref
-    gov, cache = engine.governor, engine.runner.prefix
-    assert gov.steps(SPEC) > 0 and gov.steps(PLAIN) > 0
+    gov, cache = engine.speculate_or_plain, engine.runner.prefix
+    assert gov.steps(ON) > 0 and gov.steps(OFF) > 0
     assert cache is not None and cache.hits >= 6
 
 

@@ -67,7 +67,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "drafters" / "shipped"
 #: `LOOKUP_DEFAULT` (with a warning). 'none' turns speculation off.
 #: hybrid drafting (DSpark + prompt lookup) with adaptive verification, and the
 #: plain-decoding fallback from 8 running requests, with trials from 2 (a level starts
-#: plain where the step-time curve says verification is dear; dspark.engine.governor).
+#: plain where the step-time curve says verification is dear; dspark.engine.load_governor).
 #: Served, interleaved: on a 2-core AMX Xeon in bf16x (fallback from 8 only) 1.39-1.50x
 #: plain decoding at one request, 1.13x at four, 0.95-1.00x at sixteen, 0.94-0.98x at 32
 #: (docs/journal.md); on a 2-core AVX2-only EPYC 0.94x / 0.99x / 1.10x at
@@ -85,7 +85,7 @@ DEFAULT_SPECULATIVE = PRESETS["default"]
 #: each request's length priced by the scheduler (calibrated lookup survivals against
 #: the step-time curve: dspark.drafters.priced_lookup), ungoverned at one request,
 #: governed from two (those levels start plain and try speculation now and then;
-#: dspark.engine.governor), since there a step of several tokens per request is dear and
+#: dspark.engine.load_governor), since there a step of several tokens per request is dear and
 #: lookup's tokens are accepted too rarely. Engine alone, stepped in turn with plain
 #: decoding (2-core AVX2 EPYC, bf16w), against the earlier fixed 3 tokens: at one request
 #: 1.184x against 1.165x plain on the second target (Qwen2.5-Coder-0.5B) and 1.127x against
@@ -128,7 +128,7 @@ class SpeculativeConfig:
     #: (dspark.schedule.live); false keeps the profile as measured at start-up
     live_step_time: bool = True
     #: turn speculation off for stretches where it measures slower than plain decoding
-    #: (dspark.engine.governor); on a CPU only, with any verification (prompt lookup's
+    #: (dspark.engine.load_governor); on a CPU only, with any verification (prompt lookup's
     #: fixed one too: the engine then measures the step-time table it scores with). false: never;
     #: true: at every load, starting with speculation; an integer N: for steps of N or
     #: more decoding requests (their power-of-two level and above), starting with plain

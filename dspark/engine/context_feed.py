@@ -16,7 +16,7 @@ step of 16 requests, the taps' 3 % of the target's forward and their bookkeeping
 feeding the backlog a drafter pass on every token of every request at exactly the load
 where nothing drafts (docs/journal.md). `feeding()` false also drops any
 backlog that reaches PENDING_FLUSH on the way; so does a stretch of hybrid drafting with
-its drafter off (lookup alone, by the drafter governor's call): feeding such a backlog
+its drafter off (lookup alone, by the engine's drafter_or_lookup): feeding such a backlog
 is a drafter pass over PENDING_FLUSH tokens for a drafter that may not run again.
 """
 

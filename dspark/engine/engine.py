@@ -64,15 +64,15 @@ class StepOutput:
     finished: bool
 
 
-def _governor(spec) -> "SpecGovernor | None":
+def _speculate_or_plain(spec) -> "LoadGovernor | None":
     """The plain-decoding fallback `spec` asks for, or None (its step cost is set once
     the engine has the step-time table)."""
     if spec is None or not spec.plain_fallback:
         return None
-    from .governor import SpecGovernor
+    from .load_governor import LoadGovernor
 
     pf = spec.plain_fallback
-    return SpecGovernor(from_requests=None if pf is True else int(pf), trials_from=spec.plain_trials_from)
+    return LoadGovernor(from_requests=None if pf is True else int(pf), trials_from=spec.plain_trials_from)
 
 
 class LLMEngine:
@@ -88,7 +88,7 @@ class LLMEngine:
         # the one place the verification length is settled: as asked, at most what the drafter drafts
         n = min(spec.num_speculative_tokens or drafter.max_draft_tokens, drafter.max_draft_tokens) \
             if drafter else 0
-        governor = _governor(spec) if target.device.type == "cpu" else None
+        governor = _speculate_or_plain(spec) if target.device.type == "cpu" else None
         if drafter is None:
             policy = make_policy("none")
         else:
@@ -116,13 +116,14 @@ class LLMEngine:
         self.step_watch = None
         #: the table corrected by measured steps (CPU only: there a forward's wall time is its cost)
         self.live_table = None
-        #: speculation or plain decoding by measured throughput (CPU only, with a table)
-        self.governor = None
-        #: wherever the governor lets a step speculate: the drafter on, or off (prompt
-        #: lookup alone with hybrid drafting, else plain decoding's step), by measured
-        #: throughput (a second governor whose "plain" mode is the drafter off: the drafter
-        #: must beat it by its SPEC_MARGIN), scored on the steps between the governor's trials
-        self.drafter_governor = None
+        #: whether a step speculates at all at this load, or decodes plainly, by measured
+        #: throughput (CPU only, with a table; dspark.engine.load_governor)
+        self.speculate_or_plain = None
+        #: wherever a step speculates: whether the learned drafter runs, or the step goes
+        #: without it (prompt lookup alone with hybrid drafting, else plain decoding's
+        #: step), by measured throughput (the drafter must beat its absence by ON_MARGIN),
+        #: scored on the steps between speculate_or_plain's trials
+        self.drafter_or_lookup = None
         if target.device.type == "cpu":
             from dspark.profiling.watch import StepWatch
 
@@ -132,9 +133,9 @@ class LLMEngine:
                 self.live_table = LiveStepTime(step_table)
             if step_table is not None and governor is not None:
                 governor.step_cost = step_table.target_time
-                self.governor = governor
+                self.speculate_or_plain = governor
                 if self.runner.drafts_block:
-                    from .governor import SpecGovernor
+                    from .load_governor import LoadGovernor
 
                     # hybrid drafting: every level starts with lookup alone and runs the
                     # drafter once a trial shows it pays there (the first after the fourfold
@@ -145,8 +146,10 @@ class LLMEngine:
                     # drafter-on stretches cost more than they found). A drafter alone runs
                     # first everywhere (off, its steps are plain decoding's, which the
                     # fallback's own trials cover at its levels)
-                    self.drafter_governor = SpecGovernor(from_requests=1) if self.runner.lookup_rows \
-                        else SpecGovernor()
+                    if self.runner.lookup_rows:
+                        self.drafter_or_lookup = LoadGovernor(from_requests=1, modes=("drafter", "lookup"))
+                    else:
+                        self.drafter_or_lookup = LoadGovernor(modes=("drafter", "plain"))
             # with a table: against the profile (and it keeps the table true, unless the
             # live table does that: then against a copy of the profile, so that a slowdown
             # the live table learns still shows); without one (plain decoding): against
@@ -232,7 +235,7 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         decodes = [s for s in self.running if s.prefilled]
         runner = self.runner
-        if self.governor is not None:
+        if self.speculate_or_plain is not None:
             # Before admission (a prompt reused in plain mode needs no taps), and at the load
             # the step's requests are about to decode at: prompts that arrive together after
             # the previous batch finished (decodes empty) belong to their own level, not to
@@ -241,9 +244,9 @@ class LLMEngine:
             # are running, and at most max_num_seqs run.)
             soon = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
             was = runner.speculating
-            runner.speculating = self.governor.speculating(soon)
-            if self.drafter_governor is not None and runner.speculating:  # (a plain step drafts nothing)
-                runner.drafter_on = self.drafter_governor.speculating(soon)
+            runner.speculating = self.speculate_or_plain.on(soon)
+            if self.drafter_or_lookup is not None and runner.speculating:  # (a plain step drafts nothing)
+                runner.drafter_on = self.drafter_or_lookup.on(soon)
             if runner.speculating and not was and self.live_table is not None:
                 self.live_table.publish()  # plain-mode steps were recorded unpublished
         chunks, admitted = self._prefill_chunks()
@@ -266,13 +269,14 @@ class LLMEngine:
                                                seconds - runner.last_target_seconds - runner.last_draft_seconds,
                                                runner.last_select_seconds, runner.last_drafted_requests > 0,
                                                runner.last_catchup_seconds)
-            if self.governor is not None:
+            if self.speculate_or_plain is not None:
                 n, out = len(decodes), sum(len(emitted[s.request_id]) for s in decodes)
                 plain = self._profile.target_time(n)
-                self.governor.record(n, out, seconds, plain, self._profile.target_time(runner.last_forward_tokens))
-                if self.drafter_governor is not None and runner.speculating and not (
-                        self.governor.governs(n) and self.governor.level(n).trialing):
-                    self.drafter_governor.record(n, out, seconds, plain)  # the speculation gaps' steps
+                gov = self.speculate_or_plain
+                gov.record(n, out, seconds, plain, self._profile.target_time(runner.last_forward_tokens))
+                if self.drafter_or_lookup is not None and runner.speculating and not (
+                        gov.governs(n) and gov.level(n).trialing):
+                    self.drafter_or_lookup.record(n, out, seconds, plain)  # the speculation gaps' steps
         self.recent_steps.append(StepRecord(time.monotonic(), seconds, runner.last_forward_tokens,
                                             runner.last_drafted_requests, tuple(runner.last_verify_lengths),
                                             sum(len(t) for t in emitted.values()),

@@ -75,7 +75,7 @@ class SpecRunner(DraftChoice):
         self.last_catchup_seconds = self._catchup_seconds = 0.0
         self._num_drafted = 0
         self._probe_turn = 0
-        #: False: this step decodes plain, drafting and lookup untouched (the governor's call)
+        #: False: this step decodes plain, drafting and lookup untouched (the engine's speculate_or_plain)
         self.speculating = True
         #: the verification length chosen for each running request in the last step
         self.last_verify_lengths: list[int] = []
@@ -90,7 +90,7 @@ class SpecRunner(DraftChoice):
         self.gate = DraftGate()
         #: ... from this many decoding requests (a drafter without weights costs little below)
         self.draft_gate_from = LOOKUP_GATE_FROM if getattr(drafter, "weightless", False) else 1
-        #: False: the drafter does not run this step (the engine's drafter governor's call):
+        #: False: the drafter does not run this step (the engine's drafter_or_lookup):
         #: hybrid drafting looks up alone, a drafter alone decodes the step plain
         self.drafter_on = True
         #: hybrid drafting: steps whose drafting lookup alone was priced above (a metric)

@@ -49,7 +49,7 @@ ENGINE_CONFIGS: dict[str, dict | None] = {
     "default-profiled": {**DEFAULT, "live_step_time": False},  # the step-time table as profiled, never corrected
     "hybrid-fallback": {**PRESETS["hybrid"], "plain_fallback": True},  # the plain-decoding fallback at every load
     "lookup3": {"method": "ngram", "num_speculative_tokens": 3},  # up to 3 lookup tokens, fixed
-    "lookup-governed": {"method": "ngram", "plain_fallback": True},  # the governor at every load
+    "lookup-governed": {"method": "ngram", "plain_fallback": True},  # the plain-decoding fallback at every load
     "lookup-governed-from2": {"method": "ngram", "plain_fallback": 2},  # from 2 requests, starting plain
     "lookup3-governed-from2": {"method": "ngram", "num_speculative_tokens": 3, "plain_fallback": 2},
 }
@@ -162,10 +162,10 @@ def run_lockstep(run: LockstepRun, targets: dict[str | None, Target],
         for lane in lanes:
             # the two governors' summaries: speculation against plain decoding, and the
             # drafter against prompt lookup alone
-            if lane.engine.governor is not None:
-                say(f"  {lane.name} speculation governor " + json.dumps(lane.engine.governor.summary()))
-            if lane.engine.drafter_governor is not None:
-                say(f"  {lane.name} drafter governor " + json.dumps(lane.engine.drafter_governor.summary()))
+            if lane.engine.speculate_or_plain is not None:
+                say(f"  {lane.name} speculate or plain " + json.dumps(lane.engine.speculate_or_plain.summary()))
+            if lane.engine.drafter_or_lookup is not None:
+                say(f"  {lane.name} drafter or lookup " + json.dumps(lane.engine.drafter_or_lookup.summary()))
     return runs
 
 

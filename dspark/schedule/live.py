@@ -34,7 +34,7 @@ Every step is observed, but the table the scheduler reads is republished every
 over about `window` steps anyway, and a republished table costs the scheduler a
 recomputation of its rates. Steps are queued and folded into the curves only when they
 are published (the same curves, at a fraction of the cost right after a forward), and
-while the engine decodes plain by the governor's call nothing is published at all, so
+while the engine decodes plain by its speculate_or_plain's call nothing is published at all, so
 that a step that speculates nothing costs what a plain step costs.
 """
 
@@ -170,7 +170,7 @@ class LiveStepTime:
         weights have just swept, and a batch pays that once.)
 
         `publish=False`: nothing reads the table until the caller publishes (plain
-        decoding by the governor's call; the engine publishes when speculation resumes),
+        decoding by its speculate_or_plain's call; the engine publishes when speculation resumes),
         so the step is queued and folded, unpublished, every `QUEUE_LIMIT` steps."""
         if n_tokens <= 0 or target_seconds <= 0:
             return

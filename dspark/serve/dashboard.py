@@ -86,14 +86,17 @@ def dashboard_state(state, since: float | None = None, viewer: str | None = None
                      "table_refreshes": watch.refreshes if watch is not None else 0,
                      "threads": torch.get_num_threads(),
                      "threads_wanted": watch.threads if watch is not None else torch.get_num_threads()}
-    gov = engine.governor
-    # the plain-decoding fallback's call per load level (None: not configured)
+    gov = engine.speculate_or_plain
+    # the plain-decoding fallback's call per load level (None: not configured); the
+    # levels' modes are "speculative" and "plain"
     out["fallback"] = None if gov is None else {
         "from_requests": gov.from_requests,
         "levels": [{"requests": level, **st} for level, st in gov.summary().items()]}
-    # where a step speculates: the drafter on or off (hybrid drafting: lookup alone)
-    dgov = getattr(engine, "drafter_governor", None)
+    # where a step speculates: the drafter on or off, the modes named in "drafter_modes"
+    # ("drafter" and "lookup" with hybrid drafting, "drafter" and "plain" for a drafter alone)
+    dgov = getattr(engine, "drafter_or_lookup", None)
     if out["fallback"] is not None and dgov is not None:
+        out["fallback"]["drafter_modes"] = list(dgov.modes.values())
         out["fallback"]["drafter_levels"] = [{"requests": level, **st} for level, st in dgov.summary().items()]
     steps = engine.recent_steps.copy()  # one C-level copy: the engine thread appends meanwhile
     cut = -math.inf if since is None else since

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+from dspark.engine.load_governor import OFF, ON
 from dspark.engine.sequence import SpecStats
 
 from .prometheus import Counter, Gauge, Histogram, render
@@ -125,11 +126,11 @@ class ServingMetrics:
                                  "not (0), by running requests (\"lo-hi\").", ("requests",), c)
         self.drafter_off_steps = Counter(p + "spec_decode_drafter_off_steps_total",
                                          "Decode steps that speculated without the drafter because it measured "
-                                         "no faster than going without it at that load (the drafter governor; "
+                                         "no faster than going without it at that load (the engine's drafter_or_lookup; "
                                          "hybrid drafting then looks up alone, a drafter alone decodes plain).",
                                          const_labels=c)
         self.drafter_on = Gauge(p + "spec_decode_drafter_on",
-                                "Whether the drafter governor runs the drafter at a load level now (1) or not "
+                                "Whether the engine's drafter_or_lookup runs the drafter at a load level now (1) or not "
                                 "(0), by running requests (\"lo-hi\").", ("requests",), c)
         self.live_ratio = Gauge(p + "step_time_live_ratio",
                                 "The live step-time curve over the profiled one, by token count (the counts "
@@ -224,18 +225,19 @@ class ServingMetrics:
         drafter = runner.drafter
         now = time.monotonic()
         refresh = now - self._ece_at >= 1.0  # windowed figures: about once a second
-        # the plain-decoding fallback, and the drafter governor (its "plain" mode: the drafter off)
-        for name, steps, mode, key in (("governor", self.fallback_steps, self.speculating, "fallback"),
-                                       ("drafter_governor", self.drafter_off_steps, self.drafter_on, "drafter_off")):
+        # steps with speculation off (plain decoding) and with the drafter off, and each
+        # level's mode now
+        for name, steps, mode, key in (("speculate_or_plain", self.fallback_steps, self.speculating, "fallback"),
+                                       ("drafter_or_lookup", self.drafter_off_steps, self.drafter_on, "drafter_off")):
             governor = getattr(engine, name, None)
             if governor is None:
                 continue
-            n = governor.steps("plain")
+            n = governor.steps(OFF)
             steps.inc(n - seen[key])
             seen[key] = n
             if refresh:
                 for level, st in governor.summary().items():
-                    mode.set(1.0 if st["mode"] == "speculative" else 0.0, requests=level)
+                    mode.set(1.0 if st["mode"] == governor.modes[ON] else 0.0, requests=level)
         live = getattr(engine, "live_table", None)
         if live is not None and refresh:
             ratio, fresh = live.target.ratio(), live.target.fresh()

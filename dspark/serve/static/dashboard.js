@@ -173,10 +173,11 @@ function drawFallback(st) {
   }
   if (!f.levels.length) html.push(`<tr><td colspan="6">no governed load reached yet</td></tr>`);
   // where a step speculates: the drafter on or off, by the same measure
-  const mode = m => (m === "speculative" ? "drafter on" : "drafter off");
+  const [on, off] = f.drafter_modes || ["drafter", "lookup"];
+  const mode = m => (m === on ? "drafter on" : `drafter off (${off})`);
   for (const lv of f.drafter_levels || []) {
-    html.push(`<tr><td>${lv.requests} (drafter)</td><td>${mode(lv.mode)}</td><td class="n">${score(lv.score.speculative)}</td>` +
-              `<td class="n">${score(lv.score.plain)} (off)</td><td class="n">${lv.steps.speculative} / ${lv.steps.plain}</td>` +
+    html.push(`<tr><td>${lv.requests} (drafter)</td><td>${mode(lv.mode)}</td><td class="n">${score(lv.score[on])}</td>` +
+              `<td class="n">${score(lv.score[off])} (off)</td><td class="n">${lv.steps[on]} / ${lv.steps[off]}</td>` +
               `<td class="n">${lv.switches}</td></tr>`);
   }
   document.getElementById("fallback").innerHTML = html.join("");

@@ -1,4 +1,16 @@
-"""Speculation or plain decoding, decided by measured throughput.
+"""A costlier mode or its alternative, per load level, decided by measured throughput.
+
+One mechanism, two decisions in the engine (dspark.engine.engine):
+
+* `LLMEngine.speculate_or_plain`: whether a step speculates at all at this load (ON)
+  or decodes plainly (OFF; the `plain_fallback` key of the speculative config);
+* `LLMEngine.drafter_or_lookup`: where a step speculates, whether the learned drafter
+  runs (ON) or the step goes without it (OFF: prompt lookup alone with hybrid drafting,
+  a plain step for a drafter alone), scored on the steps between the first one's trials.
+
+What follows tells the first use, where the measurements come from; for the second
+read "the drafter on" for speculation and "the drafter off" for plain decoding (the
+score's unit stays a plain step's time in both).
 
 The scheduler prices every drafted token with calibrated survivals and a step-time
 curve, but some costs sit outside its model (drafting and lookup bookkeeping, the
@@ -41,7 +53,7 @@ speculating; served at 16 requests, whose running count dips below 16 between
 requests, governing from 16 left 0.91-0.94x plain and from 8 0.95-1.00x. A
 speculation trial still runs after every gap, so a workload where it wins there
 (long copies from the prompt) gets it back; a level that starts plain runs its first
-gap at `PLAIN_START_GAPS` (4) times the shortest, as if plain decoding had won that
+gap at `OFF_START_GAPS` (4) times the shortest, as if plain decoding had won that
 often already, since its first trial is its dearest.
 
 Below that, `"plain_trials_from": M` governs the levels from M requests up too. Each
@@ -51,17 +63,16 @@ least `DEAR_VERIFICATION` (1.2) times a plain one: at 4 requests speculation pai
 AMX Xeon (1.07-1.13x plain decoding) and lost on an AVX2-only EPYC, where a step of 8
 tokens costs 1.3-1.4 times one of 4 (0.87x engine alone at 4 requests, mostly prompt
 lookup tokens accepted one time in five). Such a plain start rests on two profiled
-times alone, so its first trial comes after the shortest gap (PLAIN_START_GAPS is for
+times alone, so its first trial comes after the shortest gap (OFF_START_GAPS is for
 `plain_fallback`'s levels). The default governs from 2 requests.
 Halfway through a trial, one in which speculation runs below `EARLY_EXIT` (0.85) of
 plain decoding's efficiency ends there; at a level that started plain (where
 speculation is expected to lose) it ends there unless it is level with plain
-decoding (`EARLY_EXIT_PLAIN_START`). Speculation must lead by `SPEC_MARGIN` and must
+decoding (`EARLY_EXIT_OFF_START`). Speculation must lead by `ON_MARGIN` and must
 also have emitted that many times the other mode's tokens per request and step (plain
 decoding's one), a bound on its gain that drift does not move; a mode's score spans its
 recent trials (`HISTORY`), and the engine asks for the level its requests are about to
-decode at. The history of these choices, measured: docs/journal.md and
-governed.md.
+decode at. The history of these choices, measured: docs/journal.md.
 
 Plain mode drafts nothing, verifies nothing and taps no hidden states (the rows are
 plain decoding, exact by construction): the requests of a plain-mode step let the
@@ -75,14 +86,18 @@ from typing import Callable
 
 from dspark.schedule.step_time import load_level
 
-SPEC, PLAIN = "speculative", "plain"
+#: the two modes a governor chooses between: ON the costlier one (speculation; the
+#: drafter), OFF its alternative (plain decoding; the step without the drafter)
+ON, OFF = "on", "off"
 
 
-class SpecGovernor:
-    """One governor per load level: whether speculation pays depends on how many
-    requests share a step (at one request verification is nearly free, at sixteen a
-    step is compute-bound), so each power-of-two bucket of the running request count
-    (1, 2-3, 4-7, 8-15, ...) keeps its own modes, scores and gaps."""
+class LoadGovernor:
+    """Whether a costlier mode (`ON`) or its alternative (`OFF`) runs, per load level:
+    whether speculation pays depends on how many requests share a step (at one request
+    verification is nearly free, at sixteen a step is compute-bound), so each
+    power-of-two bucket of the running request count (1, 2-3, 4-7, 8-15, ...) keeps its
+    own modes, scores and gaps. `modes` names ON and OFF in `summary()` (what a
+    dashboard or a bench prints), so that each use says what its two modes are."""
 
     #: a governed level below `from_requests` starts with plain decoding when the
     #: step-time table says that verifying a second token per request costs at least this
@@ -92,7 +107,8 @@ class SpecGovernor:
 
     def __init__(self, trial: int = 32, min_gap: int = 128, max_gap: int = 4096, warmup: int = 4,
                  from_requests: int | None = None, trials_from: int | None = None,
-                 step_cost: Callable[[int], float] | None = None) -> None:
+                 step_cost: Callable[[int], float] | None = None,
+                 modes: tuple[str, str] = ("speculative", "plain")) -> None:
         """`from_requests` None: every load level governed, each starting with
         speculation; N: the levels of N decoding requests and above, each starting with
         plain decoding. `trials_from` M (< N): the levels from M requests up to N's are
@@ -103,16 +119,17 @@ class SpecGovernor:
         off."""
         if (trial < 1 or not 1 <= min_gap <= max_gap or warmup < 0 or (from_requests is not None and from_requests < 1)
                 or (trials_from is not None and (from_requests is None or trials_from < 1))):
-            raise ValueError("SpecGovernor needs trial >= 1, 1 <= min_gap <= max_gap, warmup >= 0, "
+            raise ValueError("LoadGovernor needs trial >= 1, 1 <= min_gap <= max_gap, warmup >= 0, "
                              "from_requests None or >= 1, and trials_from None or >= 1 with from_requests")
         self._settings = (trial, min_gap, max_gap, warmup)
         self.from_requests = from_requests
         self.from_bucket = 0 if from_requests is None else self.bucket(from_requests)
-        self.start = SPEC if from_requests is None else PLAIN
+        self.start = ON if from_requests is None else OFF
         #: the first governed level (those below from_bucket start speculating)
         self.trials_bucket = self.from_bucket if trials_from is None else min(self.bucket(trials_from),
                                                                               self.from_bucket)
         self.step_cost = step_cost
+        self.modes = {ON: modes[0], OFF: modes[1]}
         self.levels: dict[int, LoadLevel] = {}
 
     @staticmethod
@@ -124,9 +141,9 @@ class SpecGovernor:
         if b not in self.levels:
             start = self._start(b)
             # a plain start below from_bucket rests on the curve's prior alone: its first
-            # trial comes after the shortest gap (see LoadLevel.PLAIN_START_GAPS)
-            gaps = LoadLevel.PLAIN_START_GAPS if b >= self.from_bucket else 1
-            self.levels[b] = LoadLevel(*self._settings, start=start, plain_start_gaps=gaps)
+            # trial comes after the shortest gap (see LoadLevel.OFF_START_GAPS)
+            gaps = LoadLevel.OFF_START_GAPS if b >= self.from_bucket else 1
+            self.levels[b] = LoadLevel(*self._settings, start=start, off_start_gaps=gaps)
         return self.levels[b]
 
     def _start(self, b: int) -> str:
@@ -134,15 +151,16 @@ class SpecGovernor:
             return self.start
         r = 2 ** b  # the level's fewest requests
         if self.step_cost is not None and self.step_cost(2 * r) >= self.DEAR_VERIFICATION * self.step_cost(r):
-            return PLAIN
-        return SPEC
+            return OFF
+        return ON
 
     def governs(self, num_requests: int) -> bool:
         return self.bucket(num_requests) >= self.trials_bucket
 
-    def speculating(self, num_requests: int) -> bool:
-        """Whether a step of `num_requests` decodes should speculate."""
-        return not self.governs(num_requests) or self.level(num_requests).speculating
+    def on(self, num_requests: int) -> bool:
+        """Whether a step of `num_requests` decodes runs the ON mode (ungoverned levels
+        always do)."""
+        return not self.governs(num_requests) or self.level(num_requests).on
 
     def record(self, num_requests: int, emitted: int, seconds: float, plain_seconds: float,
                forward_seconds: float | None = None) -> None:
@@ -157,8 +175,17 @@ class SpecGovernor:
         return sum(lv.steps[mode] for lv in self.levels.values())
 
     def summary(self) -> dict:
-        """Per load level (requests "lo-hi"): its mode, scores, steps per mode, switches."""
-        return {f"{2**b}-{2**(b + 1) - 1}": lv.summary() for b, lv in sorted(self.levels.items())}
+        """Per load level (requests "lo-hi"): its mode, scores, steps per mode, switches,
+        the modes under their names (`modes`)."""
+        name = self.modes
+        out = {}
+        for b, lv in sorted(self.levels.items()):
+            st = lv.summary()
+            st["mode"] = name[st["mode"]]
+            st["score"] = {name[m]: v for m, v in st["score"].items()}
+            st["steps"] = {name[m]: v for m, v in st["steps"].items()}
+            out[f"{2**b}-{2**(b + 1) - 1}"] = st
+        return out
 
 
 class LoadLevel:
@@ -170,11 +197,11 @@ class LoadLevel:
     #: the same at a level that starts with plain decoding (verification is dear there,
     #: so speculation is expected to lose): its trial keeps its second half only while
     #: speculation is level with plain decoding
-    EARLY_EXIT_PLAIN_START = 1.0
+    EARLY_EXIT_OFF_START = 1.0
     #: speculation is chosen only when it scores at least this many times plain
     #: decoding: when the two are level, plain decoding (the output's own pace, none of
     #: speculation's variance) is the safe side
-    SPEC_MARGIN = 1.02
+    ON_MARGIN = 1.02
     #: a level of `plain_fallback`'s (8 requests and up by default) starts plain and runs
     #: its first gap this many times `min_gap`, as if plain decoding had won that many
     #: trials already: the first trial is the dearest (engine alone at 16 and 32
@@ -186,9 +213,9 @@ class LoadLevel:
     #: where speculation pays 1.14x at four requests), and a first trial 4 x `min_gap`
     #: steps late left four requests at 1.06x there (1.12x with the shortest first gap:
     #: docs/journal.md); where the prior is right (an AVX2-only CPU,
-    #: 1.3-1.4), the trial ends halfway (EARLY_EXIT_PLAIN_START) after `trial`
+    #: 1.3-1.4), the trial ends halfway (EARLY_EXIT_OFF_START) after `trial`
     #: speculation steps
-    PLAIN_START_GAPS = 4
+    OFF_START_GAPS = 4
     #: a mode's score is its trials' output over their time, each earlier trial weighed
     #: by this much less than the next: one lucky trial of bursty speculation (lookup
     #: hits come in runs) does not outvote the trials before it
@@ -201,14 +228,14 @@ class LoadLevel:
     #: this share of plain decoding's over a window
     GAP_BOUND = 0.98
     #: besides its score, speculation is chosen only when its trials emitted at least
-    #: SPEC_MARGIN times the other mode's tokens per request and step (plain decoding's
-    #: one; the drafter governor's lookup alone, whatever it emitted): a step that
+    #: ON_MARGIN times the other mode's tokens per request and step (plain decoding's
+    #: one; drafter_or_lookup's lookup alone, whatever it emitted): a step that
     #: verifies more tokens never costs less than a plain one, and a step that drafts
     #: rarely less than one that only looks up, so the ratio of yields bounds the gain
 
-    def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = SPEC,
-                 plain_start_gaps: int = PLAIN_START_GAPS) -> None:
-        """`plain_start_gaps`: a plain start's first gap in units of `min_gap`."""
+    def __init__(self, trial: int, min_gap: int, max_gap: int, warmup: int, start: str = ON,
+                 off_start_gaps: int = OFF_START_GAPS) -> None:
+        """`off_start_gaps`: a plain start's first gap in units of `min_gap`."""
         self.trial = trial
         self.block = max(1, trial // 4)  # steps per trial block
         self.min_gap = min_gap
@@ -217,7 +244,7 @@ class LoadLevel:
         # the starting mode runs a whole gap first (speculation: the drafter's first
         # steps, calibration and scheduler history, are not what it does once settled)
         self.mode = self.start = start
-        self.gap = min_gap if start == SPEC else min(max(1, plain_start_gaps) * min_gap, max_gap)
+        self.gap = min_gap if start == ON else min(max(1, off_start_gaps) * min_gap, max_gap)
         self._left = self.gap  # steps left in the current gap or trial block
         self._trial = False  # a trial is running
         self._gap_mode = start  # the mode of the gap the current trial follows
@@ -225,22 +252,22 @@ class LoadLevel:
         self._skip = 0  # the trial's warm-up steps left
         #: the current trial's scored output (in plain-step units), seconds, tokens
         #: emitted and request-steps, per mode
-        self._run = {SPEC: [0.0] * 4, PLAIN: [0.0] * 4}
+        self._run = {ON: [0.0] * 4, OFF: [0.0] * 4}
         #: each mode's efficiency over the recent trials (None: not measured yet)
-        self.score: dict[str, float | None] = {SPEC: None, PLAIN: None}
-        self._sums = {SPEC: [0.0] * 4, PLAIN: [0.0] * 4}  # the same per mode, decayed over the trials
+        self.score: dict[str, float | None] = {ON: None, OFF: None}
+        self._sums = {ON: [0.0] * 4, OFF: [0.0] * 4}  # the same per mode, decayed over the trials
         #: steps run in each mode, and the number of switches
-        self.steps = {SPEC: 0, PLAIN: 0}
+        self.steps = {ON: 0, OFF: 0}
         self.switches = 0
-        self._last_best: str | None = None if start == SPEC else PLAIN  # plain's prior win
+        self._last_best: str | None = None if start == ON else OFF  # plain's prior win
         #: the current speculation gap's window: output (plain-step units), the table's
         #: forward seconds, steps (`_bound_gap`); and the gaps ended by it
         self._bound = [0.0, 0.0, 0]
         self.gap_exits = 0
 
     @property
-    def speculating(self) -> bool:
-        return self.mode == SPEC
+    def on(self) -> bool:
+        return self.mode == ON
 
     @property
     def trialing(self) -> bool:
@@ -258,7 +285,7 @@ class LoadLevel:
         self.steps[self.mode] += 1
         self._left -= 1
         if not self._trial:
-            if self.mode == SPEC and forward_seconds is not None and forward_seconds > 0:
+            if self.mode == ON and forward_seconds is not None and forward_seconds > 0:
                 self._bound_gap(emitted * plain_seconds / num_requests, forward_seconds)
             if self._left <= 0:
                 self._start_trial()
@@ -277,7 +304,7 @@ class LoadLevel:
         if self._blocks >= self.TRIAL_BLOCKS or self._losing_trial():
             self._end_trial()
             return
-        other = PLAIN if self._gap_mode == SPEC else SPEC
+        other = OFF if self._gap_mode == ON else ON
         self._switch(other if self._blocks % 4 in (0, 3) else self._gap_mode)
         self._left = self.block
 
@@ -299,9 +326,9 @@ class LoadLevel:
         self._bound = [0.0, 0.0, 0]
         if losing:
             self.gap_exits += 1
-            self._last_best = PLAIN
+            self._last_best = OFF
             self.gap = self.min_gap
-            self._switch(PLAIN)
+            self._switch(OFF)
             self._left = self.gap
 
     def _start_trial(self) -> None:
@@ -310,7 +337,7 @@ class LoadLevel:
         self._gap_mode = self.mode
         self._blocks = 0
         self._skip = self.warmup
-        self._switch(PLAIN if self.mode == SPEC else SPEC)
+        self._switch(OFF if self.mode == ON else ON)
         self._left = self.block + self.warmup
 
     def _efficiency(self, mode: str) -> float | None:
@@ -320,20 +347,20 @@ class LoadLevel:
     def _losing_trial(self) -> bool:
         """Halfway through (each mode has run as many blocks), a trial in which
         speculation runs below EARLY_EXIT of plain decoding's efficiency
-        (EARLY_EXIT_PLAIN_START at a level that started plain) ends there: its second
+        (EARLY_EXIT_OFF_START at a level that started plain) ends there: its second
         half is for the bursts that make speculation pay, and a trial this far behind
         costs more than it tells."""
         if self._blocks != self.TRIAL_BLOCKS // 2:
             return False
-        spec, plain = self._efficiency(SPEC), self._efficiency(PLAIN)
-        exit_below = self.EARLY_EXIT if self.start == SPEC else self.EARLY_EXIT_PLAIN_START
+        spec, plain = self._efficiency(ON), self._efficiency(OFF)
+        exit_below = self.EARLY_EXIT if self.start == ON else self.EARLY_EXIT_OFF_START
         return spec is not None and plain is not None and spec < exit_below * plain
 
     @property
-    def spec_yield(self) -> float | None:
-        """Speculation's tokens per request and step over its recent trials (None: not
+    def on_yield(self) -> float | None:
+        """The ON mode's tokens per request and step over its recent trials (None: not
         measured yet)."""
-        return self._yield(SPEC)
+        return self._yield(ON)
 
     def _yield(self, mode: str) -> float | None:
         s = self._sums[mode]
@@ -348,9 +375,9 @@ class LoadLevel:
                 sums[:] = [self.HISTORY * a + b for a, b in zip(sums, run)]
                 self.score[mode] = sums[0] / sums[1]
             self._run[mode] = [0.0] * 4
-        spec, plain = self.score[SPEC], self.score[PLAIN]
-        ahead = spec is not None and plain is not None and spec >= self.SPEC_MARGIN * plain
-        best = SPEC if ahead and self.spec_yield >= self.SPEC_MARGIN * self._yield(PLAIN) else PLAIN
+        spec, plain = self.score[ON], self.score[OFF]
+        ahead = spec is not None and plain is not None and spec >= self.ON_MARGIN * plain
+        best = ON if ahead and self.on_yield >= self.ON_MARGIN * self._yield(OFF) else OFF
         self.gap = min(2 * self.gap, self.max_gap) if best == self._last_best else self.min_gap
         self._last_best = best
         self._trial = False
@@ -364,5 +391,5 @@ class LoadLevel:
         self._bound = [0.0, 0.0, 0]
 
     def summary(self) -> dict:
-        return {"mode": self.mode, "score": dict(self.score), "spec_yield": self.spec_yield,
+        return {"mode": self.mode, "score": dict(self.score), "on_yield": self.on_yield,
                 "steps": dict(self.steps), "switches": self.switches, "gap": self.gap, "gap_exits": self.gap_exits}

@@ -1,4 +1,4 @@
-"""The plain-decoding fallback (dspark.engine.governor): speculation runs where it
+"""The plain-decoding fallback (dspark.engine.load_governor): speculation runs where it
 measures faster than plain decoding and is turned off where it measures slower, at
 a small exploration cost; the engine stays exact while it switches."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark.engine.governor import PLAIN, SPEC, LoadLevel, SpecGovernor
+from dspark.engine.load_governor import OFF, ON, LoadGovernor, LoadLevel
 
 
 def _run(gov: LoadLevel, steps: int, spec_eff, plain_eff: float = 1.0, requests: int = 16,
@@ -14,23 +14,23 @@ def _run(gov: LoadLevel, steps: int, spec_eff, plain_eff: float = 1.0, requests:
     """Feed `steps` steps whose efficiency (vs the plain reference) is `spec_eff` (a
     number or a function of the step index) in speculative mode, emitting `spec_yield`
     tokens per request, and `plain_eff` in plain mode, emitting `plain_yield` (plain
-    decoding's one; the drafter governor's "plain" mode, lookup alone, more); returns
+    decoding's one; drafter_or_lookup's off mode, lookup alone, more); returns
     the mode of every step."""
     modes = []
     plain_seconds = 0.050
     for i in range(steps):
         modes.append(gov.mode)
-        eff = (spec_eff(i) if callable(spec_eff) else spec_eff) if gov.speculating else plain_eff
-        per_request = spec_yield if gov.speculating else plain_yield
+        eff = (spec_eff(i) if callable(spec_eff) else spec_eff) if gov.on else plain_eff
+        per_request = spec_yield if gov.on else plain_yield
         seconds = 0.050 * per_request / eff  # these tokens, at this efficiency
         gov.record(requests, round(requests * per_request), seconds, plain_seconds)
     return modes
 
 
-def _step(gov: SpecGovernor, r: int, eff: float) -> None:
+def _step(gov: LoadGovernor, r: int, eff: float) -> None:
     """One step of `r` requests: speculating, two tokens each at efficiency `eff`;
     plain, one token each at efficiency 1."""
-    if gov.speculating(r):
+    if gov.on(r):
         gov.record(r, 2 * r, 0.10 / eff, 0.05)
     else:
         gov.record(r, r, 0.05, 0.05)
@@ -39,9 +39,9 @@ def _step(gov: SpecGovernor, r: int, eff: float) -> None:
 def test_speculation_that_loses_is_turned_off_and_rarely_retried():
     gov = LoadLevel(8, 16, 256, 2)
     modes = _run(gov, 4000, spec_eff=0.9)
-    assert gov.score[SPEC] == pytest.approx(0.9) and gov.score[PLAIN] == pytest.approx(1.0)
+    assert gov.score[ON] == pytest.approx(0.9) and gov.score[OFF] == pytest.approx(1.0)
     late = modes[1000:]
-    assert late.count(SPEC) / len(late) < 0.08  # trials' speculative halves: 2 + 2 x 8 steps every 256
+    assert late.count(ON) / len(late) < 0.08  # trials' speculative halves: 2 + 2 x 8 steps every 256
     assert gov.gap == 256
 
 
@@ -49,64 +49,76 @@ def test_speculation_that_wins_keeps_running():
     gov = LoadLevel(8, 16, 256, 2)
     modes = _run(gov, 4000, spec_eff=1.3)
     late = modes[1000:]
-    assert late.count(PLAIN) / len(late) < 0.08  # trials' plain halves: 2 + 2 x 8 steps every 256
-    assert gov.speculating
+    assert late.count(OFF) / len(late) < 0.08  # trials' plain halves: 2 + 2 x 8 steps every 256
+    assert gov.on
 
 
 def test_a_change_of_workload_is_followed_both_ways():
     gov = LoadLevel(8, 16, 128, 2)
     modes = _run(gov, 6000, spec_eff=lambda i: 1.4 if i < 2000 or i >= 4000 else 0.7)
-    for lo, hi, want in ((1000, 2000, SPEC), (3000, 4000, PLAIN), (5000, 6000, SPEC)):
+    for lo, hi, want in ((1000, 2000, ON), (3000, 4000, OFF), (5000, 6000, ON)):
         part = modes[lo:hi]
         assert part.count(want) / len(part) > 0.75, (lo, want)
 
 
 def test_bad_settings_and_degenerate_steps():
     with pytest.raises(ValueError):
-        SpecGovernor(trial=0)
+        LoadGovernor(trial=0)
     with pytest.raises(ValueError):
-        SpecGovernor(min_gap=10, max_gap=5)
-    gov = SpecGovernor()
+        LoadGovernor(min_gap=10, max_gap=5)
+    gov = LoadGovernor()
     gov.record(0, 0, 0.01, 0.01)  # no requests: ignored
     gov.record(4, 4, 0.0, 0.01)  # no time: ignored
-    assert gov.steps(SPEC) == gov.steps(PLAIN) == 0
+    assert gov.steps(ON) == gov.steps(OFF) == 0
 
 
 def test_each_load_level_decides_for_itself():
-    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)
+    gov = LoadGovernor(trial=4, min_gap=8, max_gap=64, warmup=1)
     for _ in range(600):
         for r, eff in ((1, 1.4), (16, 0.8)):  # speculation pays alone, loses at 16
             lv = gov.level(r)
             _step(gov, r, eff)
-    assert gov.speculating(1) and not gov.speculating(16)
+    assert gov.on(1) and not gov.on(16)
     assert gov.bucket(1) == 0 and gov.bucket(3) == 1 and gov.bucket(16) == gov.bucket(31) == 4
-    assert set(gov.summary()) == {"1-1", "16-31"} and gov.summary()["16-31"]["mode"] == PLAIN
+    assert set(gov.summary()) == {"1-1", "16-31"} and gov.summary()["16-31"]["mode"] == "plain"
     assert lv is gov.level(20)
 
 
+def test_a_summary_names_the_modes_its_use_chooses_between():
+    """The same mechanism decides speculation against plain decoding and the drafter
+    against lookup alone; each summary says which of its own two modes runs."""
+    gov = LoadGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, modes=("drafter", "lookup"))
+    for _ in range(600):
+        _step(gov, 16, 0.8)  # the ON mode (here: the drafter) loses
+    level = gov.summary()["16-31"]
+    assert level["mode"] == "lookup" and not gov.on(16)
+    assert set(level["score"]) == set(level["steps"]) == {"drafter", "lookup"}
+    assert level["steps"]["lookup"] == gov.steps(OFF) > level["steps"]["drafter"] == gov.steps(ON) > 0
+
+
 def test_from_n_requests_only_the_top_levels_are_governed_and_they_start_plain():
-    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=32)
-    assert gov.speculating(1) and gov.speculating(16) and gov.speculating(31)  # never governed
-    assert not gov.speculating(32) and not gov.speculating(40)  # governed: plain first
+    gov = LoadGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=32)
+    assert gov.on(1) and gov.on(16) and gov.on(31)  # never governed
+    assert not gov.on(32) and not gov.on(40)  # governed: plain first
     for _ in range(100):
         gov.record(16, 16, 0.05 / 0.8, 0.05)  # below the governed levels: not recorded
-    assert gov.speculating(16) and gov.steps(SPEC) == 0 and set(gov.summary()) == {"32-63"}
+    assert gov.on(16) and gov.steps(ON) == 0 and set(gov.summary()) == {"32-63"}
     modes = []
     for _ in range(400):  # at 32, speculation wins: after a plain gap and a trial it runs
         modes.append(gov.level(32).mode)
         _step(gov, 32, 1.3)
-    assert modes[:9] == [PLAIN] * 9 and gov.speculating(32)
-    assert modes[200:].count(SPEC) / 200 > 0.8
+    assert modes[:9] == [OFF] * 9 and gov.on(32)
+    assert modes[200:].count(ON) / 200 > 0.8
     with pytest.raises(ValueError):
-        SpecGovernor(from_requests=0)
+        LoadGovernor(from_requests=0)
 
 
 def test_levels_from_trials_from_are_governed_starting_with_speculation():
     """Between `trials_from` and `from_requests` a level starts speculating and turns to
     plain decoding only once a plain trial measures faster; one that speculation wins
     keeps it; below `trials_from` nothing is governed."""
-    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2)
-    assert gov.speculating(1) and gov.speculating(2) and gov.speculating(4) and not gov.speculating(8)
+    gov = LoadGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2)
+    assert gov.on(1) and gov.on(2) and gov.on(4) and not gov.on(8)
     gov.record(1, 1, 1.0, 0.05)
     assert "1-1" not in gov.summary()  # one request: never governed
     modes = {2: [], 4: []}
@@ -114,12 +126,12 @@ def test_levels_from_trials_from_are_governed_starting_with_speculation():
         for r, eff in ((2, 1.2), (4, 0.85)):
             modes[r].append(gov.level(r).mode)
             _step(gov, r, eff)
-    assert modes[2][:8] == [SPEC] * 8 and modes[4][:8] == [SPEC] * 8  # both start speculating
-    assert modes[2][300:].count(SPEC) / 300 > 0.8  # where it pays, it stays
-    assert modes[4][300:].count(PLAIN) / 300 > 0.8  # where it loses, plain decoding takes over
-    assert gov.level(2).steps[PLAIN] > 0  # the plain trials that decided it
+    assert modes[2][:8] == [ON] * 8 and modes[4][:8] == [ON] * 8  # both start speculating
+    assert modes[2][300:].count(ON) / 300 > 0.8  # where it pays, it stays
+    assert modes[4][300:].count(OFF) / 300 > 0.8  # where it loses, plain decoding takes over
+    assert gov.level(2).steps[OFF] > 0  # the plain trials that decided it
     with pytest.raises(ValueError):
-        SpecGovernor(trials_from=2)  # trials_from needs from_requests
+        LoadGovernor(trials_from=2)  # trials_from needs from_requests
 
 
 def test_where_the_step_time_curve_says_verification_is_dear_a_level_starts_plain():
@@ -127,24 +139,24 @@ def test_where_the_step_time_curve_says_verification_is_dear_a_level_starts_plai
     two tokens per request costs DEAR_VERIFICATION times a plain step or more, and with
     speculation where verification is nearly free."""
     dear = {1: 10.0, 2: 10.5, 4: 11.0, 8: 16.0, 16: 24.0}  # flat to 4 tokens, then steep
-    gov = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2,
+    gov = LoadGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2,
                        step_cost=lambda n: dear[n])
-    assert gov.speculating(2) and gov.speculating(3)  # T(4) / T(2) = 1.05: speculation first
-    assert not gov.speculating(4) and not gov.speculating(7)  # T(8) / T(4) = 1.45: plain first
-    assert not gov.speculating(8)  # from_requests: plain first, whatever the curve
-    cheap = SpecGovernor(from_requests=8, trials_from=2, step_cost=lambda n: 10.0 + 0.1 * n)
-    assert cheap.speculating(4)
+    assert gov.on(2) and gov.on(3)  # T(4) / T(2) = 1.05: speculation first
+    assert not gov.on(4) and not gov.on(7)  # T(8) / T(4) = 1.45: plain first
+    assert not gov.on(8)  # from_requests: plain first, whatever the curve
+    cheap = LoadGovernor(from_requests=8, trials_from=2, step_cost=lambda n: 10.0 + 0.1 * n)
+    assert cheap.on(4)
     # where speculation pays after all, the trials hand it back
     modes = []
     for _ in range(400):
         modes.append(gov.level(4).mode)
         _step(gov, 4, 1.3)
     # that start rests on the curve alone: its first trial comes after the shortest gap,
-    # where a level of from_requests' waits PLAIN_START_GAPS times longer
-    assert modes[:8] == [PLAIN] * 8 and modes[8] == SPEC and modes[200:].count(SPEC) / 200 > 0.8
-    fresh = SpecGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2,
+    # where a level of from_requests' waits OFF_START_GAPS times longer
+    assert modes[:8] == [OFF] * 8 and modes[8] == ON and modes[200:].count(ON) / 200 > 0.8
+    fresh = LoadGovernor(trial=4, min_gap=8, max_gap=64, warmup=1, from_requests=8, trials_from=2,
                          step_cost=lambda n: dear[n])
-    assert fresh.level(4).gap == 8 and fresh.level(8).gap == LoadLevel.PLAIN_START_GAPS * 8
+    assert fresh.level(4).gap == 8 and fresh.level(8).gap == LoadLevel.OFF_START_GAPS * 8
 
 
 def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
@@ -153,10 +165,10 @@ def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
     merely a little behind runs its length. At a level that started plain
     (verification dear there) a trial keeps its second half only while speculation is
     level with plain decoding."""
-    assert LoadLevel.EARLY_EXIT < 0.95 < LoadLevel.EARLY_EXIT_PLAIN_START <= 1.0
+    assert LoadLevel.EARLY_EXIT < 0.95 < LoadLevel.EARLY_EXIT_OFF_START <= 1.0
     full = LoadLevel.TRIAL_BLOCKS * 2  # blocks of 8 // 4 steps
-    cases = ((SPEC, 0.6, full // 2), (SPEC, 0.95, full), (PLAIN, 0.6, full // 2), (PLAIN, 0.95, full // 2),
-             (PLAIN, 1.01, full))
+    cases = ((ON, 0.6, full // 2), (ON, 0.95, full), (OFF, 0.6, full // 2), (OFF, 0.95, full // 2),
+             (OFF, 1.01, full))
     for start, eff, length in cases:
         gov = LoadLevel(8, 16, 256, 2, start=start)
         _run(gov, gov.gap, spec_eff=eff)  # the first gap
@@ -166,7 +178,7 @@ def test_a_speculation_trial_far_behind_plain_decoding_ends_early():
             _run(gov, 1, spec_eff=eff)
             steps += 1
         assert steps == 2 + length, (start, eff)  # warm-up, then the scored blocks
-        assert gov.score[SPEC] == pytest.approx(eff) and gov.score[PLAIN] == pytest.approx(1.0)
+        assert gov.score[ON] == pytest.approx(eff) and gov.score[OFF] == pytest.approx(1.0)
 
 
 def test_a_trial_alternates_the_modes_so_that_drift_falls_on_both():
@@ -177,15 +189,15 @@ def test_a_trial_alternates_the_modes_so_that_drift_falls_on_both():
     would compare different speeds of the machine."""
     import math
 
-    for spec_gain, want in ((0.95, PLAIN), (1.10, SPEC)):
+    for spec_gain, want in ((0.95, OFF), (1.10, ON)):
         for phase in range(8):  # where the drift's slow wave meets the trials
-            gov = LoadLevel(32, 128, 1024, 4, start=PLAIN)
+            gov = LoadLevel(32, 128, 1024, 4, start=OFF)
             modes = []
             for i in range(6000):
                 speed = 1.0 + 0.3 * math.sin(2 * math.pi * (i / 700 + phase / 8))
                 modes.append(gov.mode)
-                eff = speed * (spec_gain if gov.speculating else 1.0)
-                per_request = 1.5 if gov.speculating else 1.0
+                eff = speed * (spec_gain if gov.on else 1.0)
+                per_request = 1.5 if gov.on else 1.0
                 gov.record(8, round(8 * per_request), 0.05 * per_request / eff, 0.05)
             late = modes[2000:]
             assert late.count(want) / len(late) > 0.85, (spec_gain, phase)
@@ -205,40 +217,40 @@ def test_a_speculation_gap_whose_verification_costs_more_than_it_yields_ends_ear
             # wall time says speculation wins (drift can say anything); the table says otherwise
             gov.record(4, round(4 * emitted), 0.01, 0.05, forward_seconds=0.10)
         if ends_early:
-            assert modes[:16] == [SPEC] * 16 and modes[16:] == [PLAIN] * 24 and gov.gap_exits == 1
+            assert modes[:16] == [ON] * 16 and modes[16:] == [OFF] * 24 and gov.gap_exits == 1
             assert gov.gap == 64 and not gov.trialing  # plain decoding's shortest gap
         else:
-            assert modes == [SPEC] * 40 and gov.gap_exits == 0
-    plain_steps = LoadLevel(8, 64, 256, 2, start=PLAIN)
+            assert modes == [ON] * 40 and gov.gap_exits == 0
+    plain_steps = LoadLevel(8, 64, 256, 2, start=OFF)
     for _ in range(40):
         plain_steps.record(4, 4, 0.05, 0.05, forward_seconds=0.05)
-    assert plain_steps.gap_exits == 0 and plain_steps.mode == PLAIN
+    assert plain_steps.gap_exits == 0 and plain_steps.mode == OFF
 
 
 def test_a_level_that_starts_plain_waits_longer_for_its_first_trial():
     """Where verification is dear (a level that starts plain), the first gap is
-    PLAIN_START_GAPS times the shortest, as if plain decoding had won that many trials
+    OFF_START_GAPS times the shortest, as if plain decoding had won that many trials
     already: a burst shorter than that never pays for a trial; a losing trial doubles
     the gap from there, and a winning one hands speculation the level as usual."""
-    k = LoadLevel.PLAIN_START_GAPS
+    k = LoadLevel.OFF_START_GAPS
     assert k > 1
     half = LoadLevel.TRIAL_BLOCKS  # a trial's first half: TRIAL_BLOCKS / 2 blocks of 2 steps
-    gov = LoadLevel(8, 16, 1024, 2, start=PLAIN)
+    gov = LoadLevel(8, 16, 1024, 2, start=OFF)
     modes = _run(gov, 16 * k + 2 + half, spec_eff=0.7)  # the gap, then a trial that ends halfway
-    assert modes[: 16 * k] == [PLAIN] * (16 * k) and modes[16 * k] == SPEC and not gov.trialing
+    assert modes[: 16 * k] == [OFF] * (16 * k) and modes[16 * k] == ON and not gov.trialing
     assert gov.gap == 2 * 16 * k  # plain won again: the gap doubled from the longer one
-    assert LoadLevel(8, 16, 32, 2, start=PLAIN).gap == 32  # never past max_gap
+    assert LoadLevel(8, 16, 32, 2, start=OFF).gap == 32  # never past max_gap
     assert LoadLevel(8, 16, 1024, 2).gap == 16  # a level that starts speculating: the shortest
-    win = LoadLevel(8, 16, 1024, 2, start=PLAIN)
+    win = LoadLevel(8, 16, 1024, 2, start=OFF)
     modes = _run(win, 16 * k + 2 + 2 * half + 400, spec_eff=1.4)
-    assert modes[-300:].count(SPEC) / 300 > 0.8
+    assert modes[-300:].count(ON) / 300 > 0.8
 
 
 def test_speculation_must_beat_plain_decoding_by_a_margin():
-    """Level with plain decoding (within SPEC_MARGIN), a level decodes plain: speculation's
+    """Level with plain decoding (within ON_MARGIN), a level decodes plain: speculation's
     variance is not worth a percent; clearly ahead, it speculates."""
-    assert LoadLevel.SPEC_MARGIN > 1.0
-    for eff, want in ((1.01, PLAIN), (1.06, SPEC)):
+    assert LoadLevel.ON_MARGIN > 1.0
+    for eff, want in ((1.01, OFF), (1.06, ON)):
         gov = LoadLevel(8, 16, 256, 2)
         late = _run(gov, 4000, spec_eff=eff)[1000:]
         assert late.count(want) / len(late) > 0.85, eff
@@ -248,20 +260,20 @@ def test_speculation_that_emits_no_more_tokens_than_plain_decoding_is_never_chos
     """A step that verifies drafted tokens never costs less than a plain one, so a
     speculation trial's tokens per request and step bound its gain; scored ahead of
     plain decoding but emitting no more tokens, speculation is not chosen."""
-    for spec_yield, want in ((1.0, PLAIN), (1.01, PLAIN), (1.5, SPEC)):  # SPEC_MARGIN 1.02
+    for spec_yield, want in ((1.0, OFF), (1.01, OFF), (1.5, ON)):  # ON_MARGIN 1.02
         gov = LoadLevel(8, 16, 256, 2)
         late = _run(gov, 4000, spec_eff=1.3, requests=100, spec_yield=spec_yield)[1000:]
         assert late.count(want) / len(late) > 0.85, spec_yield
-        assert gov.spec_yield == pytest.approx(spec_yield)
+        assert gov.on_yield == pytest.approx(spec_yield)
 
 
 def test_a_drafter_that_emits_no_more_tokens_than_lookup_alone_is_never_chosen():
-    """The drafter governor's "plain" mode (lookup alone) emits more than a token per
-    request and step; the drafter's yield must beat that one by SPEC_MARGIN, since a
+    """drafter_or_lookup's off mode (lookup alone) emits more than a token per
+    request and step; the drafter's yield must beat that one by ON_MARGIN, since a
     step that drafts rarely costs less than one that only looks up. Scored ahead (a
     trial's timing noise) but emitting no more tokens, the drafter is not chosen."""
-    for spec_yield, want in ((1.3, PLAIN), (1.32, PLAIN), (1.5, SPEC)):  # 1.32 < 1.02 x 1.3
-        gov = LoadLevel(8, 16, 256, 2, start=PLAIN)
+    for spec_yield, want in ((1.3, OFF), (1.32, OFF), (1.5, ON)):  # 1.32 < 1.02 x 1.3
+        gov = LoadLevel(8, 16, 256, 2, start=OFF)
         late = _run(gov, 4000, spec_eff=1.4, plain_eff=1.3, requests=100, spec_yield=spec_yield,
                     plain_yield=1.3)[1000:]
         assert late.count(want) / len(late) > 0.85, spec_yield
@@ -270,17 +282,17 @@ def test_a_drafter_that_emits_no_more_tokens_than_lookup_alone_is_never_chosen()
 def test_a_score_weighs_a_modes_earlier_trials_by_history():
     """A mode's score is its trials' decayed output over their decayed time, so one
     lucky trial moves it only part of the way."""
-    gov = LoadLevel(4, 8, 8, 0, start=PLAIN)
-    trial = [SPEC, PLAIN, PLAIN, SPEC] * (LoadLevel.TRIAL_BLOCKS // 4)  # blocks of one step, A B B A
+    gov = LoadLevel(4, 8, 8, 0, start=OFF)
+    trial = [ON, OFF, OFF, ON] * (LoadLevel.TRIAL_BLOCKS // 4)  # blocks of one step, A B B A
     modes = _run(gov, 8 + len(trial), spec_eff=1.0)  # the plain gap, a trial
-    assert modes == [PLAIN] * 8 + trial and gov.score[SPEC] == pytest.approx(1.0)
+    assert modes == [OFF] * 8 + trial and gov.score[ON] == pytest.approx(1.0)
     modes = _run(gov, 8 + len(trial), spec_eff=1.6)  # plain won: its gap; then a lucky trial
-    assert modes == [PLAIN] * 8 + trial
+    assert modes == [OFF] * 8 + trial
     h = LoadLevel.HISTORY
     assert 0 < h < 1
     n = len(trial) // 2  # each mode's steps in a trial
-    assert gov.score[SPEC] == pytest.approx((h * n + n) / (h * n / 1.0 + n / 1.6))
-    assert gov.score[SPEC] < 1.6
+    assert gov.score[ON] == pytest.approx((h * n + n) / (h * n / 1.0 + n / 1.6))
+    assert gov.score[ON] < 1.6
 
 
 def test_the_default_configuration_governs_from_2_requests():
@@ -308,12 +320,12 @@ def test_the_engine_is_exact_while_the_governor_switches(greedy_case):  # noqa: 
 
     target, prompts, refs = greedy_case
     engine, _ = adaptive_hybrid_engine(target)
-    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)  # switch often
+    engine.speculate_or_plain = LoadGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)  # switch often
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
         assert seq.output_ids == ref
-    gov = engine.governor
-    assert gov.switches >= 3 and gov.steps(SPEC) > 0 and gov.steps(PLAIN) > 0
+    gov = engine.speculate_or_plain
+    assert gov.switches >= 3 and gov.steps(ON) > 0 and gov.steps(OFF) > 0
     assert engine.total_stats().accepted_tokens > 0  # speculation did run in its stretches
 
 
@@ -357,7 +369,7 @@ def test_plain_mode_steps_tap_nothing_and_their_requests_stay_exact_on_lookup(gr
     engine, _ = adaptive_hybrid_engine(target)
     # every load governed, plain first, then speculation trials: the requests of the plain
     # stretches let the drafter go and go on with lookup alone
-    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1, from_requests=1)
+    engine.speculate_or_plain = LoadGovernor(trial=2, min_gap=2, max_gap=4, warmup=1, from_requests=1)
     runner, seen, taps = engine.runner, set(), []
     model, inner = runner.model, engine.step
 
@@ -374,7 +386,7 @@ def test_plain_mode_steps_tap_nothing_and_their_requests_stay_exact_on_lookup(gr
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
         assert seq.output_ids == ref
-    assert seen and engine.governor.steps(SPEC) > 0
+    assert seen and engine.speculate_or_plain.steps(ON) > 0
     assert {tuple(layers) for spec, layers in taps if not spec} == {()}  # plain mode: no hidden states
     assert {tuple(layers) for spec, layers in taps if spec} == {tuple(runner.hidden_layers)}
     assert runner.hidden_layers and engine.total_stats().accepted_tokens > 0  # lookup still served
@@ -391,7 +403,7 @@ def test_prompts_admitted_together_start_at_their_own_level(greedy_case):  # noq
 
     target, prompts, refs = greedy_case
     engine, _ = adaptive_hybrid_engine(target)
-    engine.governor = SpecGovernor(trial=2, min_gap=64, max_gap=64, warmup=1, from_requests=4)
+    engine.speculate_or_plain = LoadGovernor(trial=2, min_gap=64, max_gap=64, warmup=1, from_requests=4)
     runner, calls = engine.runner, []
     model = runner.model
 
@@ -418,13 +430,13 @@ def test_prompt_lookup_alone_is_governed_and_exact(greedy_case):  # noqa: F811
     target, prompts, refs = greedy_case
     engine = LLMEngine(target, SpeculativeConfig(method="ngram", plain_fallback=True),
                        EngineConfig(max_num_seqs=4, max_model_len=512))
-    assert engine.governor is not None and engine.step_table is not None
-    engine.governor = SpecGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)  # switch often
+    assert engine.speculate_or_plain is not None and engine.step_table is not None
+    engine.speculate_or_plain = LoadGovernor(trial=2, min_gap=2, max_gap=4, warmup=1)  # switch often
     seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=24))
     for seq, ref in zip(seqs, refs[:8]):
         assert seq.output_ids == ref
-    gov = engine.governor
-    assert gov.switches >= 2 and gov.steps(SPEC) > 0 and gov.steps(PLAIN) > 0
+    gov = engine.speculate_or_plain
+    assert gov.switches >= 2 and gov.steps(ON) > 0 and gov.steps(OFF) > 0
 
 
 def test_an_engine_that_cannot_reach_a_governed_level_measures_no_table(default_target_fp32, monkeypatch):
@@ -438,7 +450,7 @@ def test_an_engine_that_cannot_reach_a_governed_level_measures_no_table(default_
     from dspark.profiling import tables
 
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, plain_fallback=2)
-    gov = engine_module._governor
+    gov = engine_module._speculate_or_plain
     assert not gov(spec).governs(1) and gov(spec).governs(2)
     assert gov(SpeculativeConfig.from_dict(LOOKUP_DEFAULT)).governs(2)
     assert gov(SpeculativeConfig(method="ngram", plain_fallback=True)).governs(1)
@@ -451,7 +463,7 @@ def test_an_engine_that_cannot_reach_a_governed_level_measures_no_table(default_
     flat = StepTimeTable(token_counts=[1, 8, 64], raw_ms=[10.0, 12.0, 40.0])
     monkeypatch.setattr(tables, "load_or_profile", lambda *a, **k: profiled.append(a) or flat)
     one = LLMEngine(default_target_fp32, spec, EngineConfig(max_num_seqs=1, max_model_len=256))
-    assert not profiled and one.governor is None and one.step_table is None
+    assert not profiled and one.speculate_or_plain is None and one.step_table is None
     LLMEngine(default_target_fp32, spec, EngineConfig(max_num_seqs=4, max_model_len=256))
     assert len(profiled) == 1
     priced = LLMEngine(default_target_fp32, SpeculativeConfig.from_dict(LOOKUP_DEFAULT),
