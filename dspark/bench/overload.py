@@ -12,7 +12,7 @@ SIGTERM under load, and check that it held.
    with an explicit error once --shutdown-timeout has passed) and the process exits
    within shutdown-timeout + 15 s.
 
-    dspark bench overload --out benchmarks/overload.json
+    dspark bench overload --out runs/overload.json
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 #: subcommand -> (module with main(argv), help)
 TOOLS = {
@@ -25,12 +26,29 @@ def register(bsub: argparse._SubParsersAction) -> None:
     for name, (module, text) in TOOLS.items():
         t = bsub.add_parser(name, help=text, add_help=False, description=f"{text} ({module}; --help for its "
                                                                          "arguments)")
-        t.set_defaults(tool_args=[], func=lambda args, module=module: _run(module, args.tool_args))
-    p = bsub.add_parser("peers", help="our engine against llama.cpp's or vLLM's on the same target and prompts",
-                        add_help=False)
-    p.add_argument("--engine", required=True, choices=list(PEERS))
-    p.set_defaults(tool_args=[], func=lambda args: _run(PEERS[args.engine], args.tool_args))
+        t.set_defaults(tool_args=[], func=lambda args, module=module, name=name: _run(module, args.tool_args, name))
+    text = "our engine against llama.cpp's or vLLM's on the same target and prompts"
+    p = bsub.add_parser("peers", help=text, add_help=False,
+                        description=f"{text} (`--engine E --help` for that tool's arguments)")
+    p.add_argument("--engine", choices=list(PEERS), help="the other engine (required)")
+    p.set_defaults(tool_args=[], func=lambda args: _peers(p, args))
 
 
-def _run(module: str, argv: list[str]) -> int:
-    return importlib.import_module(module).main(argv) or 0
+def _peers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.engine is not None:
+        return _run(PEERS[args.engine], args.tool_args, f"peers --engine {args.engine}")
+    if any(a in ("-h", "--help") for a in args.tool_args):
+        parser.print_help()
+        return 0
+    parser.error(f"--engine is required: one of {', '.join(PEERS)}")
+
+
+def _run(module: str, argv: list[str], name: str | None = None) -> int:
+    """The tool's main(argv); its usage lines say `dspark bench NAME` (argparse takes the
+    program's name from sys.argv[0], which is `dspark` here)."""
+    prog = sys.argv[0]
+    sys.argv[0] = f"dspark bench {name or module.rpartition('.')[2]}"
+    try:
+        return importlib.import_module(module).main(argv) or 0
+    finally:
+        sys.argv[0] = prog

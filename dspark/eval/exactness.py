@@ -2,7 +2,7 @@
 `generate` in fp32 on the same weights, compared token for token with our runtime's
 plain decoding and with every speculative configuration asked for.
 
-Used by `scripts/check_second_target.py` (a real GGUF target, by hand) and the tests
+Used by `scripts/dev/check_second_target.py` (a real GGUF target, by hand) and the tests
 (the same check in CI)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ speculation, on a small random model that has the default model's tokenizer and
 vocabulary: the same validation, tokenization, batching, speculation and streaming
 as on the real model, fast enough for ten thousand cases on two cores.
 
-    dspark bench fuzz --cases 10000 --seed 0 --out benchmarks/fuzz_api.json
+    dspark bench fuzz --cases 10000 --seed 0 --out runs/fuzz_api.json
     dspark bench fuzz --base-url http://127.0.0.1:8000 --cases 500   # a running server
 """
 

@@ -18,7 +18,7 @@ answered or cleanly errored (none lost: no 5xx, no transport error we did not ca
 no stream without its end), and every probe equal to the plain reference computed
 here with the same precision.
 
-    dspark bench soak --phases 'default:14,none:7' --out benchmarks/soak.json
+    dspark bench soak --phases 'default:14,none:7' --out runs/soak.json
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ SHIPPED_SIZES: dict[str, dict] = {
 #: token-at-a-time ones a few positions, so they take more anchors for the same work
 SHIPPED_BLOCKS_PER_SEQ = {"dspark": 64, "dflash": 64, "eagle3": 256, "mtp": 256}
 #: the draft vocabulary: 8,192 tokens covered 100 % of the default model's training
-#: replies and 88.5 % of a second target's held-out ones (docs/second-target.md)
+#: replies and 88.5 % of a second target's held-out ones (docs/train-a-drafter.md)
 SHIPPED_DRAFT_VOCAB = 8192
 
 

@@ -15,7 +15,7 @@ block 16, full vocabulary, fp32); the current one uses the recipe of
 dspark/drafters/shipped/README.md (dense anchors, top-k teacher, reduced draft
 vocabulary, block of 7 drafted tokens, bf16 autocast where the CPU has it).
 
-    python scripts/dev/bench_training.py --data runs/data/train.jsonl --out benchmarks/training.json
+    python scripts/dev/bench_training.py --data runs/data/train.jsonl --out runs/training.json
 """
 
 from __future__ import annotations

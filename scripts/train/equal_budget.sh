@@ -41,5 +41,5 @@ for m in ${METHODS:-dspark dflash eagle3}; do
   # shellcheck disable=SC2086
   dspark train --method "$m" --out "$OUT/$m" "${COMMON[@]}" ${ARGS[$m]} >"$OUT/$m.log" 2>&1
 done
-python3 scripts/plot_runs.py --out "$OUT/curves.png" \
+python3 scripts/train/plot_runs.py --out "$OUT/curves.png" \
   dspark="$OUT/dspark/train_log.jsonl" dflash="$OUT/dflash/train_log.jsonl" eagle3="$OUT/eagle3/train_log.jsonl"

@@ -1,4 +1,4 @@
-"""Shared steps of the peer-engine checks (peer_llama_cpp.py, peer_vllm.py): run a
+"""Shared steps of the peer-engine checks (`dspark bench peers --engine llama.cpp|vllm`): run a
 command into a log, the held-out prompts as token ids, and our engine's acceptance
 on the same prompts for comparison."""
 

