@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "calibrate": "calibrate",
     "calibrate-lookup": "calibrate_lookup",
     "export": "export",
+    "quantize": "quantize",
     "eval": "eval",
     "bench": "bench",
 }

@@ -216,27 +216,24 @@ static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict 
     int64_t bb;
     const int64_t bs = dspark_quant_block(type, &bb), nb = K / bs;
     const __m512i f15 = _mm512_set1_epi32(15);
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     switch (type) {
         case GT_F16:
             for (int64_t i = 0; i < K; i += 16)
                 _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * i))));
             return;
+        /* 4- and 5-bit types: the block's 16 (32) possible values computed once, each
+         * weight then one table lookup (vpermps uses the low 4 bits of each lane, so
+         * the byte holding two nibbles is its own index for the low one) */
         case GT_Q4_0: case GT_Q4_1:
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *blk = row + b * bb;
-                const int one = type == GT_Q4_1;
                 const __m512 d = _mm512_set1_ps(h2f(blk));
-                const __m512i v = U8x16(blk + 2 + 2 * one);
-                __m512i lo = _mm512_and_si512(v, f15), hi = _mm512_srli_epi32(v, 4);
-                if (one) {
-                    const __m512 m = _mm512_set1_ps(h2f(blk + 2));
-                    _mm512_storeu_ps(out + 32 * b, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lo), m));
-                    _mm512_storeu_ps(out + 32 * b + 16, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(hi), m));
-                } else {
-                    const __m512i e = _mm512_set1_epi32(8);
-                    _mm512_storeu_ps(out + 32 * b, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, e))));
-                    _mm512_storeu_ps(out + 32 * b + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, e))));
-                }
+                const __m512 table = type == GT_Q4_1 ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(h2f(blk + 2)))
+                                                     : _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)));
+                const __m512i v = U8x16(blk + 2 + 2 * (type == GT_Q4_1));
+                _mm512_storeu_ps(out + 32 * b, _mm512_permutexvar_ps(v, table));
+                _mm512_storeu_ps(out + 32 * b + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
             }
             return;
         case GT_Q5_0: case GT_Q5_1:
@@ -244,21 +241,23 @@ static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict 
                 const uint8_t *blk = row + b * bb;
                 const int one = type == GT_Q5_1;
                 const __m512 d = _mm512_set1_ps(h2f(blk));
+                __m512 t0, t1;  /* values of q = 0..15 and 16..31 */
+                if (one) {
+                    const __m512 m = _mm512_set1_ps(h2f(blk + 2));
+                    t0 = _mm512_fmadd_ps(d, iota, m);
+                    t1 = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
+                } else {
+                    t0 = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16.0f)));
+                    t1 = _mm512_mul_ps(d, iota);
+                }
                 uint32_t qh;
                 memcpy(&qh, blk + 2 + 2 * one, 4);
                 const __m512i v = U8x16(blk + 6 + 2 * one), sixteen = _mm512_set1_epi32(16);
                 __m512i lo = _mm512_and_si512(v, f15), hi = _mm512_srli_epi32(v, 4);
-                lo = _mm512_mask_add_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, sixteen);
-                hi = _mm512_mask_add_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
-                if (one) {
-                    const __m512 m = _mm512_set1_ps(h2f(blk + 2));
-                    _mm512_storeu_ps(out + 32 * b, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lo), m));
-                    _mm512_storeu_ps(out + 32 * b + 16, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(hi), m));
-                } else {
-                    _mm512_storeu_ps(out + 32 * b, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen))));
-                    _mm512_storeu_ps(out + 32 * b + 16,
-                                     _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen))));
-                }
+                lo = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, sixteen);
+                hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
+                _mm512_storeu_ps(out + 32 * b, _mm512_permutex2var_ps(t0, lo, t1));
+                _mm512_storeu_ps(out + 32 * b + 16, _mm512_permutex2var_ps(t0, hi, t1));
             }
             return;
         case GT_Q8_0:
@@ -278,25 +277,33 @@ static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict 
                 const int five = type == GT_Q5_K;
                 const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
                 float *y = out + 256 * b;
+                const __m512 iota16 = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
                 for (int g = 0; g < 4; g++) {
                     int sc1, m1, sc2, m2;
                     scale_min_k4(2 * g, blk + 4, &sc1, &m1);
                     scale_min_k4(2 * g + 1, blk + 4, &sc2, &m2);
                     const __m512 d1 = _mm512_set1_ps(d * (float)sc1), o1 = _mm512_set1_ps(dmin * (float)m1);
                     const __m512 d2 = _mm512_set1_ps(d * (float)sc2), o2 = _mm512_set1_ps(dmin * (float)m2);
-                    for (int h = 0; h < 2; h++) {
-                        const __m512i v = U8x16(qs + 32 * g + 16 * h);
-                        __m512i lo = _mm512_and_si512(v, f15), hi = _mm512_srli_epi32(v, 4);
-                        if (five) {
-                            const __m512i vh = U8x16(qh + 16 * h);
-                            const __m512i one = _mm512_set1_epi32(1);
-                            lo = _mm512_or_si512(lo, _mm512_slli_epi32(
-                                _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g), one), 4));
-                            hi = _mm512_or_si512(hi, _mm512_slli_epi32(
-                                _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g + 1), one), 4));
+                    /* w = (d sc) q - (dmin m): the product is exact, so the fused form rounds as ggml's */
+                    const __m512 ta = _mm512_fmsub_ps(d1, iota, o1), tb = _mm512_fmsub_ps(d2, iota, o2);
+                    if (!five) {
+                        for (int h = 0; h < 2; h++) {
+                            const __m512i v = U8x16(qs + 32 * g + 16 * h);
+                            _mm512_storeu_ps(y + 64 * g + 16 * h, _mm512_permutexvar_ps(v, ta));
+                            _mm512_storeu_ps(y + 64 * g + 32 + 16 * h,
+                                             _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tb));
                         }
-                        _mm512_storeu_ps(y + 64 * g + 16 * h, _mm512_fmsub_ps(d1, _mm512_cvtepi32_ps(lo), o1));
-                        _mm512_storeu_ps(y + 64 * g + 32 + 16 * h, _mm512_fmsub_ps(d2, _mm512_cvtepi32_ps(hi), o2));
+                        continue;
+                    }
+                    const __m512 ta1 = _mm512_fmsub_ps(d1, iota16, o1), tb1 = _mm512_fmsub_ps(d2, iota16, o2);
+                    for (int h = 0; h < 2; h++) {
+                        const __m512i v = U8x16(qs + 32 * g + 16 * h), vh = U8x16(qh + 16 * h);
+                        const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, f15), _mm512_slli_epi32(
+                            _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g), _mm512_set1_epi32(1)), 4));
+                        const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_slli_epi32(
+                            _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g + 1), _mm512_set1_epi32(1)), 4));
+                        _mm512_storeu_ps(y + 64 * g + 16 * h, _mm512_permutex2var_ps(ta, lo, ta1));
+                        _mm512_storeu_ps(y + 64 * g + 32 + 16 * h, _mm512_permutex2var_ps(tb, hi, tb1));
                     }
                 }
             }
@@ -600,6 +607,170 @@ static void tile256(const float *x, int64_t M, const float *w, int nc, int64_t K
     }
 }
 
+/* ---- decode (one or two rows): dequantization fused into the dot products --------- */
+
+/* Weights [32 u, 32 u + 32) of a row as two vectors: the values dq512 stores, made in
+ * registers (the scratch's store and reload would cost as much as the dequantization). */
+static inline __attribute__((always_inline)) T512 void unit512(int type, const uint8_t *row, int64_t u,
+                                                                __m512 *w0, __m512 *w1) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i f15 = _mm512_set1_epi32(15);
+    switch (type) {
+        case GT_Q4_0: case GT_Q4_1: {
+            const int one = type == GT_Q4_1;
+            const uint8_t *blk = row + u * (18 + 2 * one);
+            const __m512 d = _mm512_set1_ps(h2f(blk));
+            const __m512 table = one ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(h2f(blk + 2)))
+                                     : _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)));
+            const __m512i v = U8x16(blk + 2 + 2 * one);
+            *w0 = _mm512_permutexvar_ps(v, table);
+            *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+            return;
+        }
+        case GT_Q5_0: case GT_Q5_1: {
+            const int one = type == GT_Q5_1;
+            const uint8_t *blk = row + u * (22 + 2 * one);
+            const __m512 d = _mm512_set1_ps(h2f(blk));
+            __m512 t0, t1;
+            if (one) {
+                const __m512 m = _mm512_set1_ps(h2f(blk + 2));
+                t0 = _mm512_fmadd_ps(d, iota, m);
+                t1 = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
+            } else {
+                t0 = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16.0f)));
+                t1 = _mm512_mul_ps(d, iota);
+            }
+            uint32_t qh;
+            memcpy(&qh, blk + 2 + 2 * one, 4);
+            const __m512i v = U8x16(blk + 6 + 2 * one), sixteen = _mm512_set1_epi32(16);
+            const __m512i lo = _mm512_mask_or_epi32(_mm512_and_si512(v, f15), (__mmask16)(qh & 0xFFFF),
+                                                    _mm512_and_si512(v, f15), sixteen);
+            const __m512i hi = _mm512_mask_or_epi32(_mm512_srli_epi32(v, 4), (__mmask16)(qh >> 16),
+                                                    _mm512_srli_epi32(v, 4), sixteen);
+            *w0 = _mm512_permutex2var_ps(t0, lo, t1);
+            *w1 = _mm512_permutex2var_ps(t0, hi, t1);
+            return;
+        }
+        case GT_Q8_0: {
+            const uint8_t *blk = row + u * 34;
+            const __m512 d = _mm512_set1_ps(h2f(blk));
+            *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
+            *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
+            return;
+        }
+        case GT_Q4_K: case GT_Q5_K: {
+            const int five = type == GT_Q5_K, sub = (int)(u & 7), g = sub >> 1;
+            const uint8_t *blk = row + (u >> 3) * (144 + 32 * five);
+            int sc, m;
+            scale_min_k4(sub, blk + 4, &sc, &m);
+            const __m512 ds = _mm512_set1_ps(h2f(blk) * (float)sc), dm = _mm512_set1_ps(h2f(blk + 2) * (float)m);
+            const uint8_t *qs = blk + 16 + 32 * five + 32 * g;
+            const __m512 t0 = _mm512_fmsub_ps(ds, iota, dm);
+            __m512i a = U8x16(qs), b = U8x16(qs + 16);
+            if (sub & 1) {
+                a = _mm512_srli_epi32(a, 4);
+                b = _mm512_srli_epi32(b, 4);
+            }
+            if (!five) {
+                *w0 = _mm512_permutexvar_ps(a, t0);
+                *w1 = _mm512_permutexvar_ps(b, t0);
+                return;
+            }
+            const __m512 t1 = _mm512_fmsub_ps(ds, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), dm);
+            const __m512i one = _mm512_set1_epi32(1);
+            const __m512i ha = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 16), sub), one), 4);
+            const __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 32), sub), one), 4);
+            *w0 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(a, f15), ha), t1);
+            *w1 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(b, f15), hb), t1);
+            return;
+        }
+        case GT_Q6_K: {
+            /* unit u: half h = (u & 7) >> 2 of its block, quarter j = u & 3 (weights 32 j .. of the half) */
+            const uint8_t *blk = row + (u >> 3) * 210;
+            const int h = (int)((u & 7) >> 2), j = (int)(u & 3);
+            const uint8_t *l0 = blk + 64 * h + 32 * (j & 1), *h0 = blk + 128 + 32 * h;
+            const int8_t *s = (const int8_t *)(blk + 192) + 8 * h + 2 * j;
+            const float d = h2f(blk + 208);
+            const __m512i three = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+            for (int half = 0; half < 2; half++) {
+                __m512i a = U8x16(l0 + 16 * half), q = U8x16(h0 + 16 * half);
+                a = j >= 2 ? _mm512_srli_epi32(a, 4) : _mm512_and_si512(a, f15);
+                q = _mm512_and_si512(_mm512_srli_epi32(q, 2 * j), three);
+                const __m512 w = _mm512_mul_ps(_mm512_set1_ps(d * (float)s[half]),
+                                               _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                                                   _mm512_or_si512(a, _mm512_slli_epi32(q, 4)), off)));
+                if (half) *w1 = w;
+                else *w0 = w;
+            }
+            return;
+        }
+    }
+}
+
+/* MR (1 or 2) rows of x against NC rows of W starting at `rows`, all of K. */
+static inline __attribute__((always_inline)) T512 void fused512(int type, const float *x, int64_t K,
+                                                                 const uint8_t *rows, int64_t rb, float *y,
+                                                                 int64_t ldy, const float *bias, int MR, int NC) {
+    __m512 acc[2][8];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < K / 32; u++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) {
+            __m512 w0, w1;
+            unit512(type, rows + j * rb, u, &w0, &w1);
+#pragma GCC unroll 2
+            for (int i = 0; i < MR; i++) {
+                acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * K + 32 * u), w0, acc[i][j]);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * K + 32 * u + 16), w1, acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NC; j++) {
+            float r = reduce256(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
+            y[i * ldy + j] = bias ? r + bias[j] : r;
+        }
+}
+
+/* Whether a type has a fused path. */
+static int fused_type(int type) {
+    return type == GT_Q4_0 || type == GT_Q4_1 || type == GT_Q5_0 || type == GT_Q5_1 || type == GT_Q8_0 ||
+           type == GT_Q4_K || type == GT_Q5_K || type == GT_Q6_K;
+}
+
+/* Columns [c, c + nc) of one segment for M (1 or 2) rows: 8 (one row) or 4 (two rows)
+ * columns at a time, then one at a time. */
+static T512 void fused_cols(int type, const float *x, int64_t M, int64_t K, const uint8_t *data, int64_t rb,
+                            int64_t c, int64_t nc, float *y, int64_t ldy, const float *bias) {
+    const int wide = M == 1 ? 8 : 4;
+    int64_t j = 0;
+#define F(t, mr, n) fused512(t, x, K, data + (c + j) * rb, rb, y + j, ldy, bias ? bias + j : 0, mr, n)
+#define TYPES(mr, n)                                                   \
+    switch (type) {                                                    \
+        case GT_Q4_0: F(GT_Q4_0, mr, n); break;                        \
+        case GT_Q4_1: F(GT_Q4_1, mr, n); break;                        \
+        case GT_Q5_0: F(GT_Q5_0, mr, n); break;                        \
+        case GT_Q5_1: F(GT_Q5_1, mr, n); break;                        \
+        case GT_Q8_0: F(GT_Q8_0, mr, n); break;                        \
+        case GT_Q4_K: F(GT_Q4_K, mr, n); break;                        \
+        case GT_Q5_K: F(GT_Q5_K, mr, n); break;                        \
+        default: F(GT_Q6_K, mr, n); break;                             \
+    }
+    for (; j + wide <= nc; j += wide) {
+        if (M == 1) { TYPES(1, 8) } else { TYPES(2, 4) }
+    }
+    for (; j < nc; j++) {
+        if (M == 1) { TYPES(1, 1) } else { TYPES(2, 1) }
+    }
+#undef TYPES
+#undef F
+}
+
 /* 512: the AVX-512 micro-kernels, 256: AVX2; follows the bf16w kernel's choice. */
 static int quant_isa(void) { return dspark_gemm_bf16w_isa(); }
 
@@ -634,6 +805,11 @@ int64_t dspark_quant_rows(const int64_t *desc, int64_t K) {
     return n;
 }
 
+/* 0: decode through the scratch like any M (for tests: both give the same bits) */
+static int fuse = 1;
+
+void dspark_quant_set_fused(int on) { fuse = on; }
+
 static void gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int threads, int isa) {
     const int64_t tiles_total = (N + NC_TILE - 1) / NC_TILE + desc[0];  /* an upper bound over segments */
@@ -657,6 +833,12 @@ static void gemm_quant(const float *x, const int64_t *desc, const float *bias, f
             const int64_t rows = g[1], rb = g[2];
             const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
             int64_t lo = c0 > base ? c0 : base, hi = c1 < base + rows ? c1 : base + rows;
+            if (isa == 512 && M <= 2 && fused_type(type) && fuse) {
+                if (hi > lo)
+                    fused_cols(type, x, M, K, data, rb, lo - base, hi - lo, y + lo, N, bias ? bias + lo : 0);
+                base += rows;
+                continue;
+            }
             for (int64_t c = lo; c < hi; c += NC_TILE) {
                 const int nc = (int)(hi - c < NC_TILE ? hi - c : NC_TILE);
                 for (int j = 0; j < nc; j++) dequant_row(type, data + (c - base + j) * rb, K, w + j * K);
