@@ -132,13 +132,14 @@ def test_state_moves_after_requests_and_reports_the_scheduler(spec_server):
     assert fallback["from_requests"] == 4 and fallback["levels"] == []
     # ... but the hybrid's drafter was, against lookup alone, at the level of one request
     [level] = fallback["drafter_levels"]
-    assert level["requests"] == "1-1" and level["steps"]["plain"] > 0  # lookup alone first
+    assert fallback["drafter_modes"] == ["drafter", "lookup"]
+    assert level["requests"] == "1-1" and level["steps"]["lookup"] > 0  # lookup alone first
     # ... and /metrics says so (the drafter off at that level, and the steps it sat out)
     text = httpx.get(url + "/metrics", headers=AUTH, timeout=30).text
     on = re.search(r'^dspark:spec_decode_drafter_on\{[^}]*requests="1-1"[^}]*\} (\S+)$', text, re.M)
     off = re.search(r"^dspark:spec_decode_drafter_off_steps_total(?:\{[^}]*\})? (\S+)$", text, re.M)
-    assert on and float(on.group(1)) == (1.0 if level["mode"] == "speculative" else 0.0)
-    assert off and float(off.group(1)) >= level["steps"]["plain"]
+    assert on and float(on.group(1)) == (1.0 if level["mode"] == "drafter" else 0.0)
+    assert off and float(off.group(1)) >= level["steps"]["lookup"]
     # only steps after `since`: a poll carries the news, not the whole ring buffer
     again = httpx.get(url + "/dashboard/state", params={"since": new_steps[-1][0]}, headers=AUTH).json()
     assert again["steps"] == []
