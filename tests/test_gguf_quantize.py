@@ -60,3 +60,23 @@ def test_quantize_refuses_what_it_cannot_do(tmp_path, capsys):
     assert main(["quantize", "--model", str(tmp_path / "junk.gguf"), "--to", "q8_0",
                  str(tmp_path / "out.gguf")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="native kernels unavailable")
+def test_another_quantization_of_the_default_model_takes_its_shipped_drafters(tmp_path):
+    from dspark.cli.main import main
+    from dspark.engine.config import resolve_speculative
+    from dspark.runtime.target import Target
+
+    out = tmp_path / "smollm2-q8_0.gguf"
+    assert main(["quantize", "--to", "q8_0", str(out)]) == 0
+    target = Target.load(str(out), max_len=256)
+    assert (target.name, target.family, target.precision) == (out.name, "default", "gguf")
+    spec = resolve_speculative("default", target)
+    assert spec.method == "dspark" and spec.drafter_path(target.family).name == "dspark"
+    tiny = make_tiny_hf_model("qwen2", tmp_path / "hf", tie=True)
+    src = tmp_path / "tiny.gguf"
+    write_tiny_gguf(tiny, "qwen2", src)
+    other = Target.load(str(src), max_len=64)
+    assert other.family == other.name == src.name
+    assert resolve_speculative("default", other).method == "ngram"  # no drafter shipped for it

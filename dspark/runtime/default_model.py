@@ -45,3 +45,31 @@ def default_model_dir() -> Path:
             and (out / QUANTIZED_NOTE).is_file():
         return out
     return gguf_model_dir(_gguf_path(), name=DEFAULT_MODEL_NAME)
+
+
+#: the config fields that make a checkpoint the default model in another file
+_SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                 "num_key_value_heads", "vocab_size")
+
+
+def is_default_model(model_dir: Path) -> bool:
+    """Whether `model_dir` holds the default model in another file (another
+    quantization of SmolLM2-135M-Instruct: the same shapes and the same tokenizer), so
+    that the drafters shipped for it draft for it too."""
+    import json
+
+    model_dir = Path(model_dir)
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+        if cfg.get("hidden_size") != 576 or cfg.get("vocab_size") != 49152:  # cheap first: not SmolLM2-135M
+            return False
+        ref_dir = default_model_dir()
+        if ref_dir.resolve() == model_dir.resolve():
+            return True
+        ref = json.loads((ref_dir / "config.json").read_text())
+        if any(cfg.get(k) != ref.get(k) for k in _SHAPE_FIELDS):
+            return False
+        vocab = json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"]
+        return vocab == json.loads((ref_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return False

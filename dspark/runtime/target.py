@@ -20,6 +20,12 @@ class Target:
     tokenizer: Tokenizer
     path: Path
     name: str
+    #: "default" for the default model in any of its files (the drafters shipped for
+    #: it draft for all of them), else the model's name
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        self.family = self.family or self.name
 
     @classmethod
     def load(
@@ -44,7 +50,12 @@ class Target:
         net = load_transformer(path, dtype or "auto", dev, max_len=max_len, log=log)
         tok = Tokenizer(path, extra_eos_ids=net.cfg.eos_token_ids)
         name = "default" if model in (None, "", "default") else Path(model).name
-        return cls(net, tok, path, name)
+        target = cls(net, tok, path, name)
+        if name != "default":
+            from .default_model import is_default_model
+
+            target.family = "default" if is_default_model(path) else name
+        return target
 
     @property
     def cfg(self):
