@@ -52,7 +52,7 @@ def drafter_from_spec(spec: DrafterSpec, target) -> Drafter:
                               min_ngram=spec.prompt_lookup_min, **sizes)
     from dspark.runtime.weight_formats import pack_cpu_bf16_linears, use_bf16_weights, use_f32_panels, weight_kind
 
-    path = spec.drafter_path(target.family)
+    path = spec.drafter_path(getattr(target, "family", target.name))
     if path is None:
         sizes = {"block_size": spec.num_speculative_tokens + 1} \
             if spec.num_speculative_tokens and spec.method in ("dspark", "dflash") else {}

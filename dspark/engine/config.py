@@ -271,7 +271,7 @@ def resolve_speculative(spec: "SpeculativeConfig | str | None", target) -> "Spec
         return spec
     default = SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE)
     try:
-        default.drafter_path(target.family)
+        default.drafter_path(getattr(target, "family", target.name))
     except UserError as e:
         logging.getLogger("dspark.serve").warning(
             "%s. Until then: prompt lookup alone, %s (lengths priced by the scheduler; at one request, "

@@ -136,6 +136,11 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_dequant_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.c_void_p]
     lib.dspark_dequant_rows.restype = None
+    lib.dspark_quant_repacked_type.argtypes = [ctypes.c_int]
+    lib.dspark_quant_repacked_type.restype = ctypes.c_int
+    lib.dspark_quant_repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_void_p]
+    lib.dspark_quant_repack.restype = None
     lib.dspark_quant_set_fused.argtypes = [ctypes.c_int]
     lib.dspark_quant_set_fused.restype = None
     lib.dspark_quant_set_dequant.argtypes = [ctypes.c_int]

@@ -19,6 +19,7 @@ bit for bit what plain decoding gives.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from pathlib import Path
@@ -74,11 +75,13 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 class QuantMatrix:
-    """A weight [N, K] as blocks: `segments` of (type name, uint8 [rows, row bytes]),
-    stacked by rows. `data`: the kernel's descriptor (int64: segments, then per
-    segment type, rows, row bytes, address), valid while this object lives."""
+    """A weight [N, K] from a file's blocks: `segments` of (type name, uint8 [rows, row
+    bytes] in the layout the kernel reads: repacked once here, see kernels/gemm_quant.c),
+    stacked by rows. `data`: the kernel's descriptor (int64: segments, then per segment
+    type, rows, row bytes, address), valid while this object lives."""
 
     def __init__(self, segments: list[tuple[str, torch.Tensor]], in_features: int) -> None:
+        lib = _lib()
         desc = [len(segments)]
         self.segments = []
         for name, blocks in segments:
@@ -90,8 +93,15 @@ class QuantMatrix:
             blocks = blocks.detach().contiguous()
             if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != in_features // per * nbytes:
                 raise QuantError(f"{name} blocks {tuple(blocks.shape)} do not hold rows of {in_features} weights")
-            self.segments.append((name, blocks))
-            desc += [TYPES[name], blocks.shape[0], blocks.shape[1], blocks.data_ptr()]
+            kind = lib.dspark_quant_repacked_type(TYPES[name])
+            row_bytes = ctypes.c_int64()
+            lib.dspark_quant_block(kind, ctypes.byref(row_bytes))
+            packed = torch.empty(blocks.shape[0], in_features // per * row_bytes.value, dtype=torch.uint8)
+            if blocks.shape[0]:
+                lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], blocks.shape[0],
+                                        in_features, packed.data_ptr())
+            self.segments.append((name, packed))
+            desc += [kind, packed.shape[0], packed.shape[1], packed.data_ptr()]
         self.data = torch.tensor(desc, dtype=torch.int64)
         self.in_features = in_features
         self.out_features = sum(b.shape[0] for _, b in self.segments)
@@ -106,7 +116,7 @@ class QuantMatrix:
         out = torch.empty(self.out_features, self.in_features)
         row = 0
         for name, blocks in self.segments:
-            lib.dspark_dequant_rows(TYPES[name], blocks.data_ptr(), blocks.shape[1], blocks.shape[0],
+            lib.dspark_dequant_rows(lib.dspark_quant_repacked_type(TYPES[name]), blocks.data_ptr(), blocks.shape[1], blocks.shape[0],
                                     self.in_features, out[row].data_ptr() if blocks.shape[0] else 0)
             row += blocks.shape[0]
         return out

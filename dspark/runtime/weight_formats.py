@@ -29,7 +29,7 @@ class _PackedLinearForward:
     """CPU bf16 inference through oneDNN with the weight pre-packed once.
 
     On these CPUs a pre-packed bf16 weight runs a decode-sized matmul about 2x faster
-    than `F.linear` and gives bit-identical results (measured: scripts/bench_runtime.py).
+    than `F.linear` and gives bit-identical results (measured: scripts/dev/bench_runtime.py).
     Used only when autograd is off; training keeps the plain path."""
 
     def __init__(self, module: nn.Linear) -> None:

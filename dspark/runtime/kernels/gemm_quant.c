@@ -20,9 +20,11 @@
  * only rounding is the one subtraction or addition of Q4_1, Q5_1, Q4_K and Q5_K, done
  * once in fp32 as ggml does.
  *
- * The matmul reads each weight row's blocks in place (no repacking: a Q4_K row streams
- * 0.5625 bytes a weight, Q5_0 0.6875, Q8_0 1.0625), dequantizes a tile of rows into a
- * per-thread fp32 scratch and runs dot products against it. Every output element is the
+ * The matmul reads each row's blocks in a repacked layout (below: the scales in fp32,
+ * the quants as stored; a Q4_K row streams 0.75 bytes a weight, Q5_0 0.75, Q8_0 1.125).
+ * One or two rows of x (decode) take the dequantized weights straight into the dot
+ * products; more rows dequantize a tile of W rows into a per-thread fp32 scratch once
+ * and run every row of x against it. Every output element is the
  * same sequence whatever M, the tile it falls in, the ISA and the thread count:
  *   sixteen lane sums s[l] = FMA chain over k = l, l + 16, l + 32, ... ascending from 0;
  *   then t[l] = s[l] + s[l + 8] (l < 8), u[l] = t[l] + t[l + 4], v[l] = u[l] + u[l + 2],
@@ -48,6 +50,21 @@
 enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q4_K = 12,
        GT_Q5_K = 13, GT_Q6_K = 14, GT_BF16 = 30 };
 
+/* The layouts the kernel reads (repacked once from a file's blocks by
+ * dspark_quant_repack): each fp16 scale or min converted to fp32 and each K-type
+ * sub-block's scale and min multiplied out (d sc, dmin m: exact in fp32), so the hot
+ * loop broadcasts them from memory instead of converting and decoding them for every
+ * column it reads. Per block (R = repacked):
+ *   R_Q4_0  32: f32 d, 16 bytes              R_Q4_1  32: f32 d, f32 m, 16 bytes
+ *   R_Q5_0  32: f32 d, u32 fifth bits, 16    R_Q5_1  32: f32 d, f32 m, u32 bits, 16
+ *   R_Q8_0  32: f32 d, 32 int8
+ *   R_Q4_K 256: f32 ds[8], f32 dm[8], the 128 bytes of quants as stored
+ *   R_Q5_K 256: f32 ds[8], f32 dm[8], 32 bytes of fifth bits, 128 bytes of quants
+ *   R_Q6_K 256: f32 ds[16], 128 bytes of low nibbles, 64 of high pairs
+ * F32, F16 and BF16 rows are read as stored. */
+enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8_0 = 108, R_Q4_K = 112,
+       R_Q5_K = 113, R_Q6_K = 114 };
+
 #define T512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
 static inline float h2f(const uint8_t *p) {
@@ -56,7 +73,14 @@ static inline float h2f(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* Weights per block, and bytes per block, of a type (0: not readable here). */
+static inline float f32at(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* Weights per block and bytes per block of a file's type or a repacked one (0: not
+ * readable here). */
 int64_t dspark_quant_block(int type, int64_t *bytes) {
     int64_t b = 0, n = 32;
     switch (type) {
@@ -70,10 +94,23 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
         case GT_Q4_K: n = 256; b = 144; break;
         case GT_Q5_K: n = 256; b = 176; break;
         case GT_Q6_K: n = 256; b = 210; break;
+        case R_Q4_0: b = 20; break;
+        case R_Q4_1: b = 24; break;
+        case R_Q5_0: b = 24; break;
+        case R_Q5_1: b = 28; break;
+        case R_Q8_0: b = 36; break;
+        case R_Q4_K: n = 256; b = 192; break;
+        case R_Q5_K: n = 256; b = 224; break;
+        case R_Q6_K: n = 256; b = 256; break;
         default: n = 0;
     }
     if (bytes) *bytes = b;
     return n;
+}
+
+/* The type the kernel reads for a file's type (itself for F32, F16, BF16). */
+int dspark_quant_repacked_type(int type) {
+    return type == GT_F32 || type == GT_F16 || type == GT_BF16 ? type : R_OFF + type;
 }
 
 static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
@@ -86,20 +123,72 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
-/* One row of K weights (a multiple of the type's block) -> fp32, one weight at a time:
- * the reference the vector versions below are tested against (every value is exact or
- * rounded once, the same way, so any vector width gives the same bits). */
+/* rows of a file's blocks (src, src_row bytes each) -> the repacked layout (dst). */
+void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t rows, int64_t K, uint8_t *dst) {
+    const int rtype = dspark_quant_repacked_type(type);
+    int64_t sb, rb;
+    const int64_t bs = dspark_quant_block(type, &sb);
+    dspark_quant_block(rtype, &rb);
+    const int64_t nb = K / bs;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *in = src + r * src_row;
+        uint8_t *out = dst + r * nb * rb;
+        if (rtype == type) {
+            memcpy(out, in, nb * sb);
+            continue;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *s = in + b * sb;
+            uint8_t *o = out + b * rb;
+            float f[16];
+            switch (type) {
+                case GT_Q4_0: case GT_Q5_0: case GT_Q8_0:  /* d; the rest as stored */
+                    f[0] = h2f(s);
+                    memcpy(o, f, 4);
+                    memcpy(o + 4, s + 2, sb - 2);
+                    break;
+                case GT_Q4_1: case GT_Q5_1:  /* d, m; the rest as stored */
+                    f[0] = h2f(s);
+                    f[1] = h2f(s + 2);
+                    memcpy(o, f, 8);
+                    memcpy(o + 8, s + 4, sb - 4);
+                    break;
+                case GT_Q4_K: case GT_Q5_K: {
+                    const float d = h2f(s), dmin = h2f(s + 2);
+                    for (int j = 0; j < 8; j++) {
+                        int sc, m;
+                        scale_min_k4(j, s + 4, &sc, &m);
+                        f[j] = d * (float)sc;
+                        f[8 + j] = dmin * (float)m;
+                    }
+                    memcpy(o, f, 64);
+                    memcpy(o + 64, s + 16, sb - 16);  /* (Q5_K: fifth bits, then quants) */
+                    break;
+                }
+                case GT_Q6_K: {
+                    const float d = h2f(s + 208);
+                    for (int j = 0; j < 16; j++) f[j] = d * (float)((const int8_t *)(s + 192))[j];
+                    memcpy(o, f, 64);
+                    memcpy(o + 64, s, 192);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/* One row of K weights of a repacked (or float) type -> fp32, one weight at a time:
+ * the reference the vector code is tested against (every value exact or rounded once,
+ * as ggml rounds it, so any vector width gives the same bits). */
 static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *restrict out) {
     int64_t bb;
-    const int64_t bs = dspark_quant_block(type, &bb);
-    const int64_t nb = K / bs;
+    const int64_t bs = dspark_quant_block(type, &bb), nb = K / bs;
     switch (type) {
         case GT_F32:
             memcpy(out, row, K * sizeof(float));
             return;
         case GT_F16:
-            for (int64_t i = 0; i < K; i += 8)
-                _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i))));
+            for (int64_t i = 0; i < K; i++) out[i] = h2f(row + 2 * i);
             return;
         case GT_BF16:
             for (int64_t i = 0; i < K; i++) {
@@ -112,93 +201,63 @@ static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *rest
         const uint8_t *blk = row + b * bb;
         float *restrict y = out + b * bs;
         switch (type) {
-            case GT_Q4_0: {
-                const float d = h2f(blk);
-                const uint8_t *qs = blk + 2;
+            case R_Q4_0: case R_Q4_1: {
+                const int one = type == R_Q4_1;
+                const float d = f32at(blk), m = one ? f32at(blk + 4) : 0.0f;
+                const uint8_t *qs = blk + 4 + 4 * one;
                 for (int j = 0; j < 16; j++) {
-                    y[j] = d * (float)((int)(qs[j] & 15) - 8);
-                    y[j + 16] = d * (float)((int)(qs[j] >> 4) - 8);
+                    y[j] = one ? d * (float)(qs[j] & 15) + m : d * (float)((int)(qs[j] & 15) - 8);
+                    y[j + 16] = one ? d * (float)(qs[j] >> 4) + m : d * (float)((int)(qs[j] >> 4) - 8);
                 }
                 break;
             }
-            case GT_Q4_1: {
-                const float d = h2f(blk), m = h2f(blk + 2);
-                const uint8_t *qs = blk + 4;
-                for (int j = 0; j < 16; j++) {
-                    y[j] = d * (float)(qs[j] & 15) + m;
-                    y[j + 16] = d * (float)(qs[j] >> 4) + m;
-                }
-                break;
-            }
-            case GT_Q5_0: case GT_Q5_1: {
-                const int one = type == GT_Q5_1;
-                const float d = h2f(blk), m = one ? h2f(blk + 2) : 0.0f;
+            case R_Q5_0: case R_Q5_1: {
+                const int one = type == R_Q5_1;
+                const float d = f32at(blk), m = one ? f32at(blk + 4) : 0.0f;
                 uint32_t qh;
-                memcpy(&qh, blk + 2 + 2 * one, 4);
-                const uint8_t *qs = blk + 6 + 2 * one;
-                if (one) {
-                    for (int j = 0; j < 16; j++) {
-                        y[j] = d * (float)((qs[j] & 15) | (((qh >> j) & 1) << 4)) + m;
-                        y[j + 16] = d * (float)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
-                    }
-                } else {
-                    for (int j = 0; j < 16; j++) {
-                        y[j] = d * (float)((int)((qs[j] & 15) | (((qh >> j) & 1) << 4)) - 16);
-                        y[j + 16] = d * (float)((int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+                memcpy(&qh, blk + 4 + 4 * one, 4);
+                const uint8_t *qs = blk + 8 + 4 * one;
+                for (int j = 0; j < 16; j++) {
+                    const int lo = (qs[j] & 15) | (((qh >> j) & 1) << 4);
+                    const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                    y[j] = one ? d * (float)lo + m : d * (float)(lo - 16);
+                    y[j + 16] = one ? d * (float)hi + m : d * (float)(hi - 16);
+                }
+                break;
+            }
+            case R_Q8_0: {
+                const float d = f32at(blk);
+                for (int j = 0; j < 32; j++) y[j] = d * (float)((const int8_t *)(blk + 4))[j];
+                break;
+            }
+            case R_Q4_K: case R_Q5_K: {
+                const int five = type == R_Q5_K;
+                const uint8_t *qh = blk + 64, *qs = blk + 64 + 32 * five;
+                for (int sub = 0; sub < 8; sub++) {
+                    const float ds = f32at(blk + 4 * sub), dm = f32at(blk + 32 + 4 * sub);
+                    const uint8_t *q = qs + 32 * (sub >> 1);
+                    for (int l = 0; l < 32; l++) {
+                        int v = sub & 1 ? q[l] >> 4 : q[l] & 15;
+                        if (five) v |= ((qh[l] >> sub) & 1) << 4;
+                        y[32 * sub + l] = ds * (float)v - dm;
                     }
                 }
                 break;
             }
-            case GT_Q8_0: {
-                const float d = h2f(blk);
-                const int8_t *qs = (const int8_t *)(blk + 2);
-                for (int j = 0; j < 32; j++) y[j] = d * (float)qs[j];
-                break;
-            }
-            case GT_Q4_K: case GT_Q5_K: {
-                const float d = h2f(blk), dmin = h2f(blk + 2);
-                const uint8_t *scales = blk + 4;
-                const int five = type == GT_Q5_K;
-                const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
-                for (int g = 0; g < 4; g++) {
-                    int sc1, m1, sc2, m2;
-                    scale_min_k4(2 * g, scales, &sc1, &m1);
-                    scale_min_k4(2 * g + 1, scales, &sc2, &m2);
-                    const float d1 = d * (float)sc1, o1 = dmin * (float)m1;
-                    const float d2 = d * (float)sc2, o2 = dmin * (float)m2;
-                    const uint8_t *q = qs + 32 * g;
-                    float *yy = y + 64 * g;
-                    if (five) {
-                        for (int l = 0; l < 32; l++) {
-                            yy[l] = d1 * (float)((q[l] & 15) | (((qh[l] >> (2 * g)) & 1) << 4)) - o1;
-                            yy[l + 32] = d2 * (float)((q[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4)) - o2;
-                        }
-                    } else {
-                        for (int l = 0; l < 32; l++) {
-                            yy[l] = d1 * (float)(q[l] & 15) - o1;
-                            yy[l + 32] = d2 * (float)(q[l] >> 4) - o2;
-                        }
-                    }
-                }
-                break;
-            }
-            case GT_Q6_K: {
-                const uint8_t *ql = blk, *qh = blk + 128;
-                const int8_t *sc = (const int8_t *)(blk + 192);
-                const float d = h2f(blk + 208);
+            case R_Q6_K: {
                 for (int half = 0; half < 2; half++) {
-                    const uint8_t *l0 = ql + 64 * half, *h0 = qh + 32 * half;
-                    const int8_t *s = sc + 8 * half;
+                    const uint8_t *ql = blk + 64 + 64 * half, *qh = blk + 192 + 32 * half;
                     float *yy = y + 128 * half;
                     for (int l = 0; l < 32; l++) {
-                        const int is = l / 16;
-                        yy[l] = (d * (float)s[is]) * (float)((int)((l0[l] & 15) | ((h0[l] & 3) << 4)) - 32);
-                        yy[l + 32] = (d * (float)s[is + 2]) *
-                                     (float)((int)((l0[l + 32] & 15) | (((h0[l] >> 2) & 3) << 4)) - 32);
-                        yy[l + 64] = (d * (float)s[is + 4]) *
-                                     (float)((int)((l0[l] >> 4) | (((h0[l] >> 4) & 3) << 4)) - 32);
-                        yy[l + 96] = (d * (float)s[is + 6]) *
-                                     (float)((int)((l0[l + 32] >> 4) | (((h0[l] >> 6) & 3) << 4)) - 32);
+                        const int is = 8 * half + l / 16;
+                        const int q1 = (int)((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
+                        const int q2 = (int)((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                        const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                        const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                        yy[l] = f32at(blk + 4 * is) * (float)q1;
+                        yy[l + 32] = f32at(blk + 4 * (is + 2)) * (float)q2;
+                        yy[l + 64] = f32at(blk + 4 * (is + 4)) * (float)q3;
+                        yy[l + 96] = f32at(blk + 4 * (is + 6)) * (float)q4;
                     }
                 }
                 break;
@@ -207,250 +266,123 @@ static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *rest
     }
 }
 
-/* ---- vector dequantization: the same values, 16 (AVX-512) or 8 (AVX2) at a time ---- */
+/* ---- vector dequantization: 32 weights (one unit) as two AVX-512 vectors ----------- */
 
-/* 16 bytes -> 16 int32 lanes (AVX-512) */
+/* 16 bytes -> 16 int32 lanes */
 #define U8x16(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
 
-static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict out) {
-    int64_t bb;
-    const int64_t bs = dspark_quant_block(type, &bb), nb = K / bs;
-    const __m512i f15 = _mm512_set1_epi32(15);
+/* Weights [32 u, 32 u + 32) of a repacked row: the 4- and 5-bit types by a table of the
+ * block's 16 (32) possible values (vpermps reads the low 4 bits of each lane, so the
+ * byte holding two nibbles is its own index for the low one), each value the fp32
+ * value the reference computes. */
+static inline __attribute__((always_inline)) T512 void unit512(int type, const uint8_t *row, int64_t u,
+                                                                __m512 *w0, __m512 *w1) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i f15 = _mm512_set1_epi32(15);
     switch (type) {
-        case GT_F16:
-            for (int64_t i = 0; i < K; i += 16)
-                _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * i))));
+        case R_Q4_0: case R_Q4_1: {
+            const int one = type == R_Q4_1;
+            const uint8_t *blk = row + u * (20 + 4 * one);
+            const __m512 d = _mm512_set1_ps(f32at(blk));
+            const __m512 table = one ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(f32at(blk + 4)))
+                                     : _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)));
+            const __m512i v = U8x16(blk + 4 + 4 * one);
+            *w0 = _mm512_permutexvar_ps(v, table);
+            *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
             return;
-        /* 4- and 5-bit types: the block's 16 (32) possible values computed once, each
-         * weight then one table lookup (vpermps uses the low 4 bits of each lane, so
-         * the byte holding two nibbles is its own index for the low one) */
-        case GT_Q4_0: case GT_Q4_1:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const __m512 d = _mm512_set1_ps(h2f(blk));
-                const __m512 table = type == GT_Q4_1 ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(h2f(blk + 2)))
-                                                     : _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)));
-                const __m512i v = U8x16(blk + 2 + 2 * (type == GT_Q4_1));
-                _mm512_storeu_ps(out + 32 * b, _mm512_permutexvar_ps(v, table));
-                _mm512_storeu_ps(out + 32 * b + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
+        }
+        case R_Q5_0: case R_Q5_1: {
+            const int one = type == R_Q5_1;
+            const uint8_t *blk = row + u * (24 + 4 * one);
+            const __m512 d = _mm512_set1_ps(f32at(blk));
+            __m512 t0, t1;  /* the values of q = 0..15 and 16..31 */
+            if (one) {
+                const __m512 m = _mm512_set1_ps(f32at(blk + 4));
+                t0 = _mm512_fmadd_ps(d, iota, m);
+                t1 = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
+            } else {
+                t0 = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16.0f)));
+                t1 = _mm512_mul_ps(d, iota);
+            }
+            uint32_t qh;
+            memcpy(&qh, blk + 4 + 4 * one, 4);
+            const __m512i v = U8x16(blk + 8 + 4 * one), sixteen = _mm512_set1_epi32(16);
+            const __m512i a = _mm512_and_si512(v, f15), b = _mm512_srli_epi32(v, 4);
+            *w0 = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(a, (__mmask16)(qh & 0xFFFF), a, sixteen), t1);
+            *w1 = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(b, (__mmask16)(qh >> 16), b, sixteen), t1);
+            return;
+        }
+        case R_Q8_0: {
+            const uint8_t *blk = row + u * 36;
+            const __m512 d = _mm512_set1_ps(f32at(blk));
+            *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)))));
+            *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 20)))));
+            return;
+        }
+        case R_Q4_K: case R_Q5_K: {
+            const int five = type == R_Q5_K, sub = (int)(u & 7);
+            const uint8_t *blk = row + (u >> 3) * (192 + 32 * five);
+            const __m512 ds = _mm512_set1_ps(f32at(blk + 4 * sub)), dm = _mm512_set1_ps(f32at(blk + 32 + 4 * sub));
+            const uint8_t *qs = blk + 64 + 32 * five + 32 * (sub >> 1);
+            /* w = (d sc) q - (dmin m): the product is exact, so the fused form rounds as ggml's */
+            const __m512 t0 = _mm512_fmsub_ps(ds, iota, dm);
+            __m512i a = U8x16(qs), b = U8x16(qs + 16);
+            if (sub & 1) {
+                a = _mm512_srli_epi32(a, 4);
+                b = _mm512_srli_epi32(b, 4);
+            }
+            if (!five) {
+                *w0 = _mm512_permutexvar_ps(a, t0);
+                *w1 = _mm512_permutexvar_ps(b, t0);
+                return;
+            }
+            const __m512 t1 = _mm512_fmsub_ps(ds, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), dm);
+            const __m512i one = _mm512_set1_epi32(1);
+            const __m512i ha = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 64), sub), one), 4);
+            const __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 80), sub), one), 4);
+            *w0 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(a, f15), ha), t1);
+            *w1 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(b, f15), hb), t1);
+            return;
+        }
+        case R_Q6_K: {
+            /* unit u: half h = (u & 7) >> 2 of its block, quarter j = u & 3 of the half */
+            const uint8_t *blk = row + (u >> 3) * 256;
+            const int h = (int)((u & 7) >> 2), j = (int)(u & 3);
+            const uint8_t *l0 = blk + 64 + 64 * h + 32 * (j & 1), *h0 = blk + 192 + 32 * h;
+            const float *ds = (const float *)(blk) + 8 * h + 2 * j;
+            const __m512i three = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+            for (int half = 0; half < 2; half++) {
+                __m512i a = U8x16(l0 + 16 * half), q = U8x16(h0 + 16 * half);
+                a = j >= 2 ? _mm512_srli_epi32(a, 4) : _mm512_and_si512(a, f15);
+                q = _mm512_and_si512(_mm512_srli_epi32(q, 2 * j), three);
+                float s;
+                memcpy(&s, ds + half, 4);
+                const __m512 w = _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                    _mm512_or_si512(a, _mm512_slli_epi32(q, 4)), off)));
+                if (half) *w1 = w;
+                else *w0 = w;
             }
             return;
-        case GT_Q5_0: case GT_Q5_1:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const int one = type == GT_Q5_1;
-                const __m512 d = _mm512_set1_ps(h2f(blk));
-                __m512 t0, t1;  /* values of q = 0..15 and 16..31 */
-                if (one) {
-                    const __m512 m = _mm512_set1_ps(h2f(blk + 2));
-                    t0 = _mm512_fmadd_ps(d, iota, m);
-                    t1 = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
-                } else {
-                    t0 = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16.0f)));
-                    t1 = _mm512_mul_ps(d, iota);
-                }
-                uint32_t qh;
-                memcpy(&qh, blk + 2 + 2 * one, 4);
-                const __m512i v = U8x16(blk + 6 + 2 * one), sixteen = _mm512_set1_epi32(16);
-                __m512i lo = _mm512_and_si512(v, f15), hi = _mm512_srli_epi32(v, 4);
-                lo = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, sixteen);
-                hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
-                _mm512_storeu_ps(out + 32 * b, _mm512_permutex2var_ps(t0, lo, t1));
-                _mm512_storeu_ps(out + 32 * b + 16, _mm512_permutex2var_ps(t0, hi, t1));
-            }
-            return;
-        case GT_Q8_0:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const __m512 d = _mm512_set1_ps(h2f(blk));
-                for (int h = 0; h < 2; h++) {
-                    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h)));
-                    _mm512_storeu_ps(out + 32 * b + 16 * h, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q)));
-                }
-            }
-            return;
-        case GT_Q4_K: case GT_Q5_K:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const float d = h2f(blk), dmin = h2f(blk + 2);
-                const int five = type == GT_Q5_K;
-                const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
-                float *y = out + 256 * b;
-                const __m512 iota16 = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
-                for (int g = 0; g < 4; g++) {
-                    int sc1, m1, sc2, m2;
-                    scale_min_k4(2 * g, blk + 4, &sc1, &m1);
-                    scale_min_k4(2 * g + 1, blk + 4, &sc2, &m2);
-                    const __m512 d1 = _mm512_set1_ps(d * (float)sc1), o1 = _mm512_set1_ps(dmin * (float)m1);
-                    const __m512 d2 = _mm512_set1_ps(d * (float)sc2), o2 = _mm512_set1_ps(dmin * (float)m2);
-                    /* w = (d sc) q - (dmin m): the product is exact, so the fused form rounds as ggml's */
-                    const __m512 ta = _mm512_fmsub_ps(d1, iota, o1), tb = _mm512_fmsub_ps(d2, iota, o2);
-                    if (!five) {
-                        for (int h = 0; h < 2; h++) {
-                            const __m512i v = U8x16(qs + 32 * g + 16 * h);
-                            _mm512_storeu_ps(y + 64 * g + 16 * h, _mm512_permutexvar_ps(v, ta));
-                            _mm512_storeu_ps(y + 64 * g + 32 + 16 * h,
-                                             _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tb));
-                        }
-                        continue;
-                    }
-                    const __m512 ta1 = _mm512_fmsub_ps(d1, iota16, o1), tb1 = _mm512_fmsub_ps(d2, iota16, o2);
-                    for (int h = 0; h < 2; h++) {
-                        const __m512i v = U8x16(qs + 32 * g + 16 * h), vh = U8x16(qh + 16 * h);
-                        const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, f15), _mm512_slli_epi32(
-                            _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g), _mm512_set1_epi32(1)), 4));
-                        const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_slli_epi32(
-                            _mm512_and_si512(_mm512_srli_epi32(vh, 2 * g + 1), _mm512_set1_epi32(1)), 4));
-                        _mm512_storeu_ps(y + 64 * g + 16 * h, _mm512_permutex2var_ps(ta, lo, ta1));
-                        _mm512_storeu_ps(y + 64 * g + 32 + 16 * h, _mm512_permutex2var_ps(tb, hi, tb1));
-                    }
-                }
-            }
-            return;
-        case GT_Q6_K:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const int8_t *sc = (const int8_t *)(blk + 192);
-                const float d = h2f(blk + 208);
-                const __m512i three = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
-                for (int half = 0; half < 2; half++) {
-                    const uint8_t *l0 = blk + 64 * half, *h0 = blk + 128 + 32 * half;
-                    const int8_t *s = sc + 8 * half;
-                    float *y = out + 256 * b + 128 * half;
-                    for (int h = 0; h < 2; h++) {  /* l = 16 h .. 16 h + 15 */
-                        const __m512i a = U8x16(l0 + 16 * h), c = U8x16(l0 + 32 + 16 * h), q = U8x16(h0 + 16 * h);
-                        const __m512i q1 = _mm512_or_si512(_mm512_and_si512(a, f15),
-                                                           _mm512_slli_epi32(_mm512_and_si512(q, three), 4));
-                        const __m512i q2 = _mm512_or_si512(_mm512_and_si512(c, f15), _mm512_slli_epi32(
-                            _mm512_and_si512(_mm512_srli_epi32(q, 2), three), 4));
-                        const __m512i q3 = _mm512_or_si512(_mm512_srli_epi32(a, 4), _mm512_slli_epi32(
-                            _mm512_and_si512(_mm512_srli_epi32(q, 4), three), 4));
-                        const __m512i q4 = _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(
-                            _mm512_srli_epi32(q, 6), 4));
-                        const __m512i qq[4] = {q1, q2, q3, q4};
-                        for (int j = 0; j < 4; j++) {
-                            const __m512 ds = _mm512_set1_ps(d * (float)s[h + 2 * j]);
-                            _mm512_storeu_ps(y + 32 * j + 16 * h,
-                                             _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(qq[j], off))));
-                        }
-                    }
-                }
-            }
-            return;
-        default:
-            dequant_row_ref(type, row, K, out);
+        }
     }
 }
 
-/* 8 bytes -> 8 int32 lanes (AVX2) */
-#define U8x8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
-
-static void dq256(int type, const uint8_t *row, int64_t K, float *restrict out) {
-    int64_t bb;
-    const int64_t bs = dspark_quant_block(type, &bb), nb = K / bs;
-    const __m256i f15 = _mm256_set1_epi32(15);
+static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict out) {
     switch (type) {
-        case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const int one = type == GT_Q4_1 || type == GT_Q5_1, five = type == GT_Q5_0 || type == GT_Q5_1;
-                const __m256 d = _mm256_set1_ps(h2f(blk));
-                const __m256 m = _mm256_set1_ps(one ? h2f(blk + 2) : 0.0f);
-                uint32_t qh = 0;
-                if (five) memcpy(&qh, blk + 2 + 2 * one, 4);
-                const uint8_t *qs = blk + 2 + 2 * one + 4 * five;
-                const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-                const __m256i e = _mm256_set1_epi32(five ? 16 : 8);
-                for (int h = 0; h < 2; h++) {
-                    const __m256i v = U8x8(qs + 8 * h);
-                    __m256i q[2] = {_mm256_and_si256(v, f15), _mm256_srli_epi32(v, 4)};
-                    for (int n = 0; n < 2; n++) {  /* weights 16 n + 8 h .. + 7 */
-                        if (five) {
-                            const __m256i hb = _mm256_set1_epi32((int)((qh >> (16 * n + 8 * h)) & 0xFF));
-                            const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(hb, bit), bit);
-                            q[n] = _mm256_or_si256(q[n], _mm256_and_si256(set, _mm256_set1_epi32(16)));
-                        }
-                        __m256 w = one ? _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q[n]), m)
-                                       : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[n], e)));
-                        _mm256_storeu_ps(out + 32 * b + 16 * n + 8 * h, w);
-                    }
-                }
-            }
-            return;
-        case GT_Q8_0:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const __m256 d = _mm256_set1_ps(h2f(blk));
-                for (int h = 0; h < 4; h++) {
-                    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * h)));
-                    _mm256_storeu_ps(out + 32 * b + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
-                }
-            }
-            return;
-        case GT_Q4_K: case GT_Q5_K:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const float d = h2f(blk), dmin = h2f(blk + 2);
-                const int five = type == GT_Q5_K;
-                const uint8_t *qh = blk + 16, *qs = blk + 16 + 32 * five;
-                float *y = out + 256 * b;
-                for (int g = 0; g < 4; g++) {
-                    int sc1, m1, sc2, m2;
-                    scale_min_k4(2 * g, blk + 4, &sc1, &m1);
-                    scale_min_k4(2 * g + 1, blk + 4, &sc2, &m2);
-                    const __m256 d1 = _mm256_set1_ps(d * (float)sc1), o1 = _mm256_set1_ps(dmin * (float)m1);
-                    const __m256 d2 = _mm256_set1_ps(d * (float)sc2), o2 = _mm256_set1_ps(dmin * (float)m2);
-                    for (int h = 0; h < 4; h++) {
-                        const __m256i v = U8x8(qs + 32 * g + 8 * h);
-                        __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_srli_epi32(v, 4);
-                        if (five) {
-                            const __m256i vh = U8x8(qh + 8 * h), one = _mm256_set1_epi32(1);
-                            lo = _mm256_or_si256(lo, _mm256_slli_epi32(
-                                _mm256_and_si256(_mm256_srli_epi32(vh, 2 * g), one), 4));
-                            hi = _mm256_or_si256(hi, _mm256_slli_epi32(
-                                _mm256_and_si256(_mm256_srli_epi32(vh, 2 * g + 1), one), 4));
-                        }
-                        _mm256_storeu_ps(y + 64 * g + 8 * h, _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(lo), o1));
-                        _mm256_storeu_ps(y + 64 * g + 32 + 8 * h, _mm256_fmsub_ps(d2, _mm256_cvtepi32_ps(hi), o2));
-                    }
-                }
-            }
-            return;
-        case GT_Q6_K:
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                const int8_t *sc = (const int8_t *)(blk + 192);
-                const float d = h2f(blk + 208);
-                const __m256i three = _mm256_set1_epi32(3), off = _mm256_set1_epi32(32);
-                for (int half = 0; half < 2; half++) {
-                    const uint8_t *l0 = blk + 64 * half, *h0 = blk + 128 + 32 * half;
-                    const int8_t *s = sc + 8 * half;
-                    float *y = out + 256 * b + 128 * half;
-                    for (int h = 0; h < 4; h++) {  /* l = 8 h .. 8 h + 7 */
-                        const __m256i a = U8x8(l0 + 8 * h), c = U8x8(l0 + 32 + 8 * h), q = U8x8(h0 + 8 * h);
-                        const __m256i qq[4] = {
-                            _mm256_or_si256(_mm256_and_si256(a, f15), _mm256_slli_epi32(_mm256_and_si256(q, three), 4)),
-                            _mm256_or_si256(_mm256_and_si256(c, f15),
-                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 2), three), 4)),
-                            _mm256_or_si256(_mm256_srli_epi32(a, 4),
-                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 4), three), 4)),
-                            _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(_mm256_srli_epi32(q, 6), 4))};
-                        for (int j = 0; j < 4; j++) {
-                            const __m256 ds = _mm256_set1_ps(d * (float)s[h / 2 + 2 * j]);
-                            _mm256_storeu_ps(y + 32 * j + 8 * h,
-                                             _mm256_mul_ps(ds, _mm256_cvtepi32_ps(_mm256_sub_epi32(qq[j], off))));
-                        }
-                    }
-                }
-            }
-            return;
-        default:
+        case GT_F32: case GT_F16: case GT_BF16:
             dequant_row_ref(type, row, K, out);
+            return;
+    }
+    for (int64_t u = 0; u < K / 32; u++) {
+        __m512 w0 = _mm512_setzero_ps(), w1 = w0;
+        unit512(type, row, u, &w0, &w1);
+        _mm512_storeu_ps(out + 32 * u, w0);
+        _mm512_storeu_ps(out + 32 * u + 16, w1);
     }
 }
 
-/* 0: the one-at-a-time reference, 256 / 512: the vector versions (tests compare them) */
+/* 0: the one-at-a-time reference, 512: the vector code (tests compare them); the AVX2
+ * variant reads through the reference, which the compiler vectorizes. */
 static int dequant_isa = -1;
 
 void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
@@ -458,11 +390,10 @@ void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
 static void dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
     const int isa = dequant_isa >= 0 ? dequant_isa : dspark_gemm_bf16w_isa();
     if (isa == 512) dq512(type, row, K, out);
-    else if (isa == 256) dq256(type, row, K, out);
     else dequant_row_ref(type, row, K, out);
 }
 
-/* The exact fp32 values of `rows` rows (for tests and for embeddings). */
+/* The exact fp32 values of `rows` rows (for tests and checks). */
 void dspark_dequant_rows(int type, const uint8_t *data, int64_t row_bytes, int64_t rows, int64_t K, float *out) {
     for (int64_t r = 0; r < rows; r++) dequant_row(type, data + r * row_bytes, K, out + r * K);
 }
@@ -609,104 +540,6 @@ static void tile256(const float *x, int64_t M, const float *w, int nc, int64_t K
 
 /* ---- decode (one or two rows): dequantization fused into the dot products --------- */
 
-/* Weights [32 u, 32 u + 32) of a row as two vectors: the values dq512 stores, made in
- * registers (the scratch's store and reload would cost as much as the dequantization). */
-static inline __attribute__((always_inline)) T512 void unit512(int type, const uint8_t *row, int64_t u,
-                                                                __m512 *w0, __m512 *w1) {
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i f15 = _mm512_set1_epi32(15);
-    switch (type) {
-        case GT_Q4_0: case GT_Q4_1: {
-            const int one = type == GT_Q4_1;
-            const uint8_t *blk = row + u * (18 + 2 * one);
-            const __m512 d = _mm512_set1_ps(h2f(blk));
-            const __m512 table = one ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(h2f(blk + 2)))
-                                     : _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)));
-            const __m512i v = U8x16(blk + 2 + 2 * one);
-            *w0 = _mm512_permutexvar_ps(v, table);
-            *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
-            return;
-        }
-        case GT_Q5_0: case GT_Q5_1: {
-            const int one = type == GT_Q5_1;
-            const uint8_t *blk = row + u * (22 + 2 * one);
-            const __m512 d = _mm512_set1_ps(h2f(blk));
-            __m512 t0, t1;
-            if (one) {
-                const __m512 m = _mm512_set1_ps(h2f(blk + 2));
-                t0 = _mm512_fmadd_ps(d, iota, m);
-                t1 = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
-            } else {
-                t0 = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16.0f)));
-                t1 = _mm512_mul_ps(d, iota);
-            }
-            uint32_t qh;
-            memcpy(&qh, blk + 2 + 2 * one, 4);
-            const __m512i v = U8x16(blk + 6 + 2 * one), sixteen = _mm512_set1_epi32(16);
-            const __m512i lo = _mm512_mask_or_epi32(_mm512_and_si512(v, f15), (__mmask16)(qh & 0xFFFF),
-                                                    _mm512_and_si512(v, f15), sixteen);
-            const __m512i hi = _mm512_mask_or_epi32(_mm512_srli_epi32(v, 4), (__mmask16)(qh >> 16),
-                                                    _mm512_srli_epi32(v, 4), sixteen);
-            *w0 = _mm512_permutex2var_ps(t0, lo, t1);
-            *w1 = _mm512_permutex2var_ps(t0, hi, t1);
-            return;
-        }
-        case GT_Q8_0: {
-            const uint8_t *blk = row + u * 34;
-            const __m512 d = _mm512_set1_ps(h2f(blk));
-            *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
-            *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
-            return;
-        }
-        case GT_Q4_K: case GT_Q5_K: {
-            const int five = type == GT_Q5_K, sub = (int)(u & 7), g = sub >> 1;
-            const uint8_t *blk = row + (u >> 3) * (144 + 32 * five);
-            int sc, m;
-            scale_min_k4(sub, blk + 4, &sc, &m);
-            const __m512 ds = _mm512_set1_ps(h2f(blk) * (float)sc), dm = _mm512_set1_ps(h2f(blk + 2) * (float)m);
-            const uint8_t *qs = blk + 16 + 32 * five + 32 * g;
-            const __m512 t0 = _mm512_fmsub_ps(ds, iota, dm);
-            __m512i a = U8x16(qs), b = U8x16(qs + 16);
-            if (sub & 1) {
-                a = _mm512_srli_epi32(a, 4);
-                b = _mm512_srli_epi32(b, 4);
-            }
-            if (!five) {
-                *w0 = _mm512_permutexvar_ps(a, t0);
-                *w1 = _mm512_permutexvar_ps(b, t0);
-                return;
-            }
-            const __m512 t1 = _mm512_fmsub_ps(ds, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), dm);
-            const __m512i one = _mm512_set1_epi32(1);
-            const __m512i ha = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 16), sub), one), 4);
-            const __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 32), sub), one), 4);
-            *w0 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(a, f15), ha), t1);
-            *w1 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(b, f15), hb), t1);
-            return;
-        }
-        case GT_Q6_K: {
-            /* unit u: half h = (u & 7) >> 2 of its block, quarter j = u & 3 (weights 32 j .. of the half) */
-            const uint8_t *blk = row + (u >> 3) * 210;
-            const int h = (int)((u & 7) >> 2), j = (int)(u & 3);
-            const uint8_t *l0 = blk + 64 * h + 32 * (j & 1), *h0 = blk + 128 + 32 * h;
-            const int8_t *s = (const int8_t *)(blk + 192) + 8 * h + 2 * j;
-            const float d = h2f(blk + 208);
-            const __m512i three = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
-            for (int half = 0; half < 2; half++) {
-                __m512i a = U8x16(l0 + 16 * half), q = U8x16(h0 + 16 * half);
-                a = j >= 2 ? _mm512_srli_epi32(a, 4) : _mm512_and_si512(a, f15);
-                q = _mm512_and_si512(_mm512_srli_epi32(q, 2 * j), three);
-                const __m512 w = _mm512_mul_ps(_mm512_set1_ps(d * (float)s[half]),
-                                               _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                                                   _mm512_or_si512(a, _mm512_slli_epi32(q, 4)), off)));
-                if (half) *w1 = w;
-                else *w0 = w;
-            }
-            return;
-        }
-    }
-}
-
 /* MR (1 or 2) rows of x against NC rows of W starting at `rows`, all of K. */
 static inline __attribute__((always_inline)) T512 void fused512(int type, const float *x, int64_t K,
                                                                  const uint8_t *rows, int64_t rb, float *y,
@@ -737,11 +570,8 @@ static inline __attribute__((always_inline)) T512 void fused512(int type, const 
         }
 }
 
-/* Whether a type has a fused path. */
-static int fused_type(int type) {
-    return type == GT_Q4_0 || type == GT_Q4_1 || type == GT_Q5_0 || type == GT_Q5_1 || type == GT_Q8_0 ||
-           type == GT_Q4_K || type == GT_Q5_K || type == GT_Q6_K;
-}
+/* Whether a type has a fused path (the repacked ones). */
+static int fused_type(int type) { return type > R_OFF; }
 
 /* Columns [c, c + nc) of one segment for M (1 or 2) rows: 8 (one row) or 4 (two rows)
  * columns at a time, then one at a time. */
@@ -752,14 +582,14 @@ static T512 void fused_cols(int type, const float *x, int64_t M, int64_t K, cons
 #define F(t, mr, n) fused512(t, x, K, data + (c + j) * rb, rb, y + j, ldy, bias ? bias + j : 0, mr, n)
 #define TYPES(mr, n)                                                   \
     switch (type) {                                                    \
-        case GT_Q4_0: F(GT_Q4_0, mr, n); break;                        \
-        case GT_Q4_1: F(GT_Q4_1, mr, n); break;                        \
-        case GT_Q5_0: F(GT_Q5_0, mr, n); break;                        \
-        case GT_Q5_1: F(GT_Q5_1, mr, n); break;                        \
-        case GT_Q8_0: F(GT_Q8_0, mr, n); break;                        \
-        case GT_Q4_K: F(GT_Q4_K, mr, n); break;                        \
-        case GT_Q5_K: F(GT_Q5_K, mr, n); break;                        \
-        default: F(GT_Q6_K, mr, n); break;                             \
+        case R_Q4_0: F(R_Q4_0, mr, n); break;                          \
+        case R_Q4_1: F(R_Q4_1, mr, n); break;                          \
+        case R_Q5_0: F(R_Q5_0, mr, n); break;                          \
+        case R_Q5_1: F(R_Q5_1, mr, n); break;                          \
+        case R_Q8_0: F(R_Q8_0, mr, n); break;                          \
+        case R_Q4_K: F(R_Q4_K, mr, n); break;                          \
+        case R_Q5_K: F(R_Q5_K, mr, n); break;                          \
+        default: F(R_Q6_K, mr, n); break;                              \
     }
     for (; j + wide <= nc; j += wide) {
         if (M == 1) { TYPES(1, 8) } else { TYPES(2, 4) }
