@@ -11,15 +11,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="default",
                    help="Hugging Face model directory (config.json + safetensors), a GGUF file (Llama, Qwen2, Qwen3; "
-                        "dequantized once into the cache), or 'default' for the "
-                        "embedded SmolLM2-135M-Instruct (default: %(default)s)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "bf16w", "bf16x"],
-                   help="precision: bf16w = bf16 weights with fp32 compute (native AVX2/AVX-512 kernels); "
-                        "bf16x = bf16 weights with matmul inputs rounded to bf16 and fp32 accumulation "
-                        "(AMX or avx512_bf16 kernels: multi-token steps and prefill several times faster, "
-                        "still exact under speculation); auto = bf16 on accelerators, and on a CPU the "
-                        "faster of fp32 / bf16w for this model by a short measurement at start-up (it says "
-                        "what it picked)")
+                        "a quantized file is served as stored), or 'default' for the "
+                        "embedded SmolLM2-135M-Instruct (a Q4_1 GGUF) (default: %(default)s)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "gguf", "bf16", "fp16", "fp32", "bf16w", "bf16x"],
+                   help="precision: gguf = a quantized GGUF file's blocks as stored (Q8_0, Q4_0/1, Q5_0/1, "
+                        "Q4_K, Q5_K, Q6_K), every weight its exact value, fp32 compute; bf16w = bf16 weights "
+                        "with fp32 compute (native AVX2/AVX-512 kernels); bf16x = bf16 weights with matmul "
+                        "inputs rounded to bf16 and fp32 accumulation (AMX or avx512_bf16 kernels); bf16 on a "
+                        "CPU = bf16x where the CPU has it, else bf16w; fp32 = a GGUF's dequantized values; "
+                        "auto = gguf for a quantized GGUF file, bf16 on accelerators, else the fastest of "
+                        "fp32 / bf16w / bf16x for this model by a short measurement at start-up (it says what "
+                        "it picked). Every CPU precision is exact under speculation")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     g.add_argument("--max-model-len", type=int, default=EngineConfig.max_model_len,
