@@ -56,11 +56,13 @@ enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 
  * loop broadcasts them from memory instead of converting and decoding them for every
  * column it reads. Per block (R = repacked):
  *   R_Q4_0  32: f32 d, 16 bytes              R_Q4_1  32: f32 d, f32 m, 16 bytes
- *   R_Q5_0  32: f32 d, u32 fifth bits, 16    R_Q5_1  32: f32 d, f32 m, u32 bits, 16
+ *   R_Q5_0  32: f32 d, 32 int8 (q - 16)      R_Q5_1  32: f32 d, f32 m, 32 int8 (q)
  *   R_Q8_0  32: f32 d, 32 int8
  *   R_Q4_K 256: f32 ds[8], f32 dm[8], the 128 bytes of quants as stored
- *   R_Q5_K 256: f32 ds[8], f32 dm[8], 32 bytes of fifth bits, 128 bytes of quants
- *   R_Q6_K 256: f32 ds[16], 128 bytes of low nibbles, 64 of high pairs
+ *   R_Q5_K 256: f32 ds[8], f32 dm[8], 256 int8 (q)
+ *   R_Q6_K 256: f32 ds[16], 256 int8 (q - 32)
+ * The 5- and 6-bit quants are widened to a byte each (a third or a half more bytes read):
+ * assembling them from their bit planes cost more than the dot products they feed.
  * F32, F16 and BF16 rows are read as stored. */
 enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8_0 = 108, R_Q4_K = 112,
        R_Q5_K = 113, R_Q6_K = 114 };
@@ -96,12 +98,12 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
         case GT_Q6_K: n = 256; b = 210; break;
         case R_Q4_0: b = 20; break;
         case R_Q4_1: b = 24; break;
-        case R_Q5_0: b = 24; break;
-        case R_Q5_1: b = 28; break;
+        case R_Q5_0: b = 36; break;
+        case R_Q5_1: b = 40; break;
         case R_Q8_0: b = 36; break;
         case R_Q4_K: n = 256; b = 192; break;
-        case R_Q5_K: n = 256; b = 224; break;
-        case R_Q6_K: n = 256; b = 256; break;
+        case R_Q5_K: n = 256; b = 320; break;
+        case R_Q6_K: n = 256; b = 320; break;
         default: n = 0;
     }
     if (bytes) *bytes = b;
@@ -142,17 +144,32 @@ void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t 
             uint8_t *o = out + b * rb;
             float f[16];
             switch (type) {
-                case GT_Q4_0: case GT_Q5_0: case GT_Q8_0:  /* d; the rest as stored */
+                case GT_Q4_0: case GT_Q8_0:  /* d; the rest as stored */
                     f[0] = h2f(s);
                     memcpy(o, f, 4);
                     memcpy(o + 4, s + 2, sb - 2);
                     break;
-                case GT_Q4_1: case GT_Q5_1:  /* d, m; the rest as stored */
+                case GT_Q4_1:  /* d, m; the rest as stored */
                     f[0] = h2f(s);
                     f[1] = h2f(s + 2);
                     memcpy(o, f, 8);
                     memcpy(o + 8, s + 4, sb - 4);
                     break;
+                case GT_Q5_0: case GT_Q5_1: {  /* d (, m), one byte a weight: q - 16 (q) */
+                    const int one = type == GT_Q5_1;
+                    f[0] = h2f(s);
+                    f[1] = one ? h2f(s + 2) : 0.0f;
+                    memcpy(o, f, 4 + 4 * one);
+                    uint32_t qh;
+                    memcpy(&qh, s + 2 + 2 * one, 4);
+                    const uint8_t *qs = s + 6 + 2 * one;
+                    int8_t *q = (int8_t *)(o + 4 + 4 * one);
+                    for (int j = 0; j < 16; j++) {
+                        q[j] = (int8_t)(((qs[j] & 15) | (((qh >> j) & 1) << 4)) - (one ? 0 : 16));
+                        q[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - (one ? 0 : 16));
+                    }
+                    break;
+                }
                 case GT_Q4_K: case GT_Q5_K: {
                     const float d = h2f(s), dmin = h2f(s + 2);
                     for (int j = 0; j < 8; j++) {
@@ -162,14 +179,32 @@ void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t 
                         f[8 + j] = dmin * (float)m;
                     }
                     memcpy(o, f, 64);
-                    memcpy(o + 64, s + 16, sb - 16);  /* (Q5_K: fifth bits, then quants) */
+                    if (type == GT_Q4_K) {
+                        memcpy(o + 64, s + 16, 128);
+                        break;
+                    }
+                    for (int sub = 0; sub < 8; sub++)  /* Q5_K: one byte a weight, in weight order */
+                        for (int l = 0; l < 32; l++) {
+                            const uint8_t b = s[48 + 32 * (sub >> 1) + l];
+                            o[64 + 32 * sub + l] = (uint8_t)((sub & 1 ? b >> 4 : b & 15) | (((s[16 + l] >> sub) & 1) << 4));
+                        }
                     break;
                 }
-                case GT_Q6_K: {
+                case GT_Q6_K: {  /* ds[16], then q - 32 a byte each, in weight order */
                     const float d = h2f(s + 208);
                     for (int j = 0; j < 16; j++) f[j] = d * (float)((const int8_t *)(s + 192))[j];
                     memcpy(o, f, 64);
-                    memcpy(o + 64, s, 192);
+                    int8_t *q = (int8_t *)(o + 64);
+                    for (int half = 0; half < 2; half++) {
+                        const uint8_t *ql = s + 64 * half, *qh = s + 128 + 32 * half;
+                        int8_t *qq = q + 128 * half;
+                        for (int l = 0; l < 32; l++) {
+                            qq[l] = (int8_t)((int)((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+                            qq[l + 32] = (int8_t)((int)((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                            qq[l + 64] = (int8_t)((int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                            qq[l + 96] = (int8_t)((int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                        }
+                    }
                     break;
                 }
             }
@@ -214,15 +249,8 @@ static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *rest
             case R_Q5_0: case R_Q5_1: {
                 const int one = type == R_Q5_1;
                 const float d = f32at(blk), m = one ? f32at(blk + 4) : 0.0f;
-                uint32_t qh;
-                memcpy(&qh, blk + 4 + 4 * one, 4);
-                const uint8_t *qs = blk + 8 + 4 * one;
-                for (int j = 0; j < 16; j++) {
-                    const int lo = (qs[j] & 15) | (((qh >> j) & 1) << 4);
-                    const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-                    y[j] = one ? d * (float)lo + m : d * (float)(lo - 16);
-                    y[j + 16] = one ? d * (float)hi + m : d * (float)(hi - 16);
-                }
+                const int8_t *q = (const int8_t *)(blk + 4 + 4 * one);
+                for (int j = 0; j < 32; j++) y[j] = one ? d * (float)q[j] + m : d * (float)q[j];
                 break;
             }
             case R_Q8_0: {
@@ -230,36 +258,22 @@ static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *rest
                 for (int j = 0; j < 32; j++) y[j] = d * (float)((const int8_t *)(blk + 4))[j];
                 break;
             }
-            case R_Q4_K: case R_Q5_K: {
-                const int five = type == R_Q5_K;
-                const uint8_t *qh = blk + 64, *qs = blk + 64 + 32 * five;
+            case R_Q4_K: {
                 for (int sub = 0; sub < 8; sub++) {
                     const float ds = f32at(blk + 4 * sub), dm = f32at(blk + 32 + 4 * sub);
-                    const uint8_t *q = qs + 32 * (sub >> 1);
-                    for (int l = 0; l < 32; l++) {
-                        int v = sub & 1 ? q[l] >> 4 : q[l] & 15;
-                        if (five) v |= ((qh[l] >> sub) & 1) << 4;
-                        y[32 * sub + l] = ds * (float)v - dm;
-                    }
+                    const uint8_t *q = blk + 64 + 32 * (sub >> 1);
+                    for (int l = 0; l < 32; l++) y[32 * sub + l] = ds * (float)(sub & 1 ? q[l] >> 4 : q[l] & 15) - dm;
                 }
                 break;
             }
+            case R_Q5_K: {
+                for (int l = 0; l < 256; l++)
+                    y[l] = f32at(blk + 4 * (l / 32)) * (float)blk[64 + l] - f32at(blk + 32 + 4 * (l / 32));
+                break;
+            }
             case R_Q6_K: {
-                for (int half = 0; half < 2; half++) {
-                    const uint8_t *ql = blk + 64 + 64 * half, *qh = blk + 192 + 32 * half;
-                    float *yy = y + 128 * half;
-                    for (int l = 0; l < 32; l++) {
-                        const int is = 8 * half + l / 16;
-                        const int q1 = (int)((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
-                        const int q2 = (int)((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                        const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                        const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                        yy[l] = f32at(blk + 4 * is) * (float)q1;
-                        yy[l + 32] = f32at(blk + 4 * (is + 2)) * (float)q2;
-                        yy[l + 64] = f32at(blk + 4 * (is + 4)) * (float)q3;
-                        yy[l + 96] = f32at(blk + 4 * (is + 6)) * (float)q4;
-                    }
-                }
+                const int8_t *q = (const int8_t *)(blk + 64);
+                for (int l = 0; l < 256; l++) y[l] = f32at(blk + 4 * (l / 16)) * (float)q[l];
                 break;
             }
         }
@@ -271,14 +285,13 @@ static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *rest
 /* 16 bytes -> 16 int32 lanes */
 #define U8x16(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
 
-/* Weights [32 u, 32 u + 32) of a repacked row: the 4- and 5-bit types by a table of the
- * block's 16 (32) possible values (vpermps reads the low 4 bits of each lane, so the
- * byte holding two nibbles is its own index for the low one), each value the fp32
- * value the reference computes. */
+/* Weights [32 u, 32 u + 32) of a repacked row, each the fp32 value the reference
+ * computes: the 4-bit types by a table of the block's 16 possible values (vpermps reads
+ * the low 4 bits of each lane, so the byte holding two nibbles is its own index for the
+ * low one), the byte-wide ones by conversion and scale. */
 static inline __attribute__((always_inline)) T512 void unit512(int type, const uint8_t *row, int64_t u,
                                                                 __m512 *w0, __m512 *w1) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i f15 = _mm512_set1_epi32(15);
     switch (type) {
         case R_Q4_0: case R_Q4_1: {
             const int one = type == R_Q4_1;
@@ -291,25 +304,20 @@ static inline __attribute__((always_inline)) T512 void unit512(int type, const u
             *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
             return;
         }
-        case R_Q5_0: case R_Q5_1: {
+        case R_Q5_0: case R_Q5_1: {  /* a byte a weight, as Q8_0 (Q5_1: plus m) */
             const int one = type == R_Q5_1;
-            const uint8_t *blk = row + u * (24 + 4 * one);
+            const uint8_t *blk = row + u * (36 + 4 * one), *q = blk + 4 + 4 * one;
             const __m512 d = _mm512_set1_ps(f32at(blk));
-            __m512 t0, t1;  /* the values of q = 0..15 and 16..31 */
+            const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+            const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
             if (one) {
                 const __m512 m = _mm512_set1_ps(f32at(blk + 4));
-                t0 = _mm512_fmadd_ps(d, iota, m);
-                t1 = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
+                *w0 = _mm512_fmadd_ps(d, a, m);
+                *w1 = _mm512_fmadd_ps(d, b, m);
             } else {
-                t0 = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16.0f)));
-                t1 = _mm512_mul_ps(d, iota);
+                *w0 = _mm512_mul_ps(d, a);
+                *w1 = _mm512_mul_ps(d, b);
             }
-            uint32_t qh;
-            memcpy(&qh, blk + 4 + 4 * one, 4);
-            const __m512i v = U8x16(blk + 8 + 4 * one), sixteen = _mm512_set1_epi32(16);
-            const __m512i a = _mm512_and_si512(v, f15), b = _mm512_srli_epi32(v, 4);
-            *w0 = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(a, (__mmask16)(qh & 0xFFFF), a, sixteen), t1);
-            *w1 = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(b, (__mmask16)(qh >> 16), b, sixteen), t1);
             return;
         }
         case R_Q8_0: {
@@ -319,11 +327,11 @@ static inline __attribute__((always_inline)) T512 void unit512(int type, const u
             *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 20)))));
             return;
         }
-        case R_Q4_K: case R_Q5_K: {
-            const int five = type == R_Q5_K, sub = (int)(u & 7);
-            const uint8_t *blk = row + (u >> 3) * (192 + 32 * five);
+        case R_Q4_K: {
+            const int sub = (int)(u & 7);
+            const uint8_t *blk = row + (u >> 3) * 192;
             const __m512 ds = _mm512_set1_ps(f32at(blk + 4 * sub)), dm = _mm512_set1_ps(f32at(blk + 32 + 4 * sub));
-            const uint8_t *qs = blk + 64 + 32 * five + 32 * (sub >> 1);
+            const uint8_t *qs = blk + 64 + 32 * (sub >> 1);
             /* w = (d sc) q - (dmin m): the product is exact, so the fused form rounds as ggml's */
             const __m512 t0 = _mm512_fmsub_ps(ds, iota, dm);
             __m512i a = U8x16(qs), b = U8x16(qs + 16);
@@ -331,37 +339,26 @@ static inline __attribute__((always_inline)) T512 void unit512(int type, const u
                 a = _mm512_srli_epi32(a, 4);
                 b = _mm512_srli_epi32(b, 4);
             }
-            if (!five) {
-                *w0 = _mm512_permutexvar_ps(a, t0);
-                *w1 = _mm512_permutexvar_ps(b, t0);
-                return;
-            }
-            const __m512 t1 = _mm512_fmsub_ps(ds, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), dm);
-            const __m512i one = _mm512_set1_epi32(1);
-            const __m512i ha = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 64), sub), one), 4);
-            const __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(U8x16(blk + 80), sub), one), 4);
-            *w0 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(a, f15), ha), t1);
-            *w1 = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(b, f15), hb), t1);
+            *w0 = _mm512_permutexvar_ps(a, t0);
+            *w1 = _mm512_permutexvar_ps(b, t0);
             return;
         }
-        case R_Q6_K: {
-            /* unit u: half h = (u & 7) >> 2 of its block, quarter j = u & 3 of the half */
-            const uint8_t *blk = row + (u >> 3) * 256;
-            const int h = (int)((u & 7) >> 2), j = (int)(u & 3);
-            const uint8_t *l0 = blk + 64 + 64 * h + 32 * (j & 1), *h0 = blk + 192 + 32 * h;
-            const float *ds = (const float *)(blk) + 8 * h + 2 * j;
-            const __m512i three = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
-            for (int half = 0; half < 2; half++) {
-                __m512i a = U8x16(l0 + 16 * half), q = U8x16(h0 + 16 * half);
-                a = j >= 2 ? _mm512_srli_epi32(a, 4) : _mm512_and_si512(a, f15);
-                q = _mm512_and_si512(_mm512_srli_epi32(q, 2 * j), three);
-                float s;
-                memcpy(&s, ds + half, 4);
-                const __m512 w = _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                    _mm512_or_si512(a, _mm512_slli_epi32(q, 4)), off)));
-                if (half) *w1 = w;
-                else *w0 = w;
-            }
+        case R_Q5_K: {  /* a byte a weight */
+            const int sub = (int)(u & 7);
+            const uint8_t *blk = row + (u >> 3) * 320, *q = blk + 64 + 32 * sub;
+            const __m512 ds = _mm512_set1_ps(f32at(blk + 4 * sub)), dm = _mm512_set1_ps(f32at(blk + 32 + 4 * sub));
+            *w0 = _mm512_fmsub_ps(ds, _mm512_cvtepi32_ps(U8x16(q)), dm);
+            *w1 = _mm512_fmsub_ps(ds, _mm512_cvtepi32_ps(U8x16(q + 16)), dm);
+            return;
+        }
+        case R_Q6_K: {  /* 16 weights share a scale */
+            const uint8_t *blk = row + (u >> 3) * 320;
+            const int sub = (int)(u & 7);
+            const int8_t *q = (const int8_t *)(blk + 64 + 32 * sub);
+            *w0 = _mm512_mul_ps(_mm512_set1_ps(f32at(blk + 8 * sub)),
+                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))));
+            *w1 = _mm512_mul_ps(_mm512_set1_ps(f32at(blk + 8 * sub + 4)),
+                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))));
             return;
         }
     }
