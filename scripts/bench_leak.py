@@ -1,10 +1,13 @@
 """Timing-attack harness between two tenants (dspark.bench.leak): AUC of time to first
 token, time per token and tokens per chunk, across namespaces and inside the victim's.
 
-Starts `dspark serve` with two tenants (or uses --base-url, whose server must accept
---victim-key and --attacker-key as different tenants) and prints one JSON line per
-condition, then the verdict. Run it on a quiet machine: other load adds noise that
-hides the control's leak (an inconclusive run), never one across namespaces.
+Starts `dspark serve` with two tenants and the server's default settings (or uses
+--base-url, whose server must accept --victim-key and --attacker-key as different
+tenants) and prints one JSON line per condition, then the verdict. The victim asks
+again before every pair of probes, so the default 64 MiB prefix cache is large enough
+for any number of probes (dspark.bench.leak). Run it on a quiet machine: other load
+adds noise that hides the control's leak (an inconclusive run), never one across
+namespaces.
 
     python scripts/bench_leak.py --probes 50 --out leak.json
     python scripts/bench_leak.py --server-args "--stream-chunk-tokens 4"
@@ -19,12 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark.bench.leak import Client, LeakConfig, run_leak, verdict
+from dspark.bench.leak import CHATML, Client, LeakConfig, run_leak, verdict
 from dspark.bench.server_process import ServerProcess, dspark_serve_command, free_port
-
-#: the default configuration's reply history and a drafter-free lookup: the history's
-#: drafts and the prefix cache are what a shared store would leak
-SPECULATIVE = '{"method": "ngram", "enable_adaptive_verification": true, "lookup_history": true}'
 
 
 def main() -> int:
@@ -34,19 +33,24 @@ def main() -> int:
     ap.add_argument("--attacker-key", default="attacker-key")
     ap.add_argument("--victim-salt", default=None, help="the victim's cache_salt (default: none)")
     ap.add_argument("--probes", type=int, default=50, help="probes per kind and condition (default: %(default)s)")
-    ap.add_argument("--probe-tokens", type=int, default=16, help="tokens each probe decodes (default: %(default)s)")
-    ap.add_argument("--reply-tokens", type=int, default=48, help="tokens of the victim's reply (default: %(default)s)")
+    ap.add_argument("--probe-tokens", type=int, default=32, help="tokens each probe decodes (default: %(default)s)")
+    ap.add_argument("--reply-tokens", type=int, default=96, help="tokens of the victim's reply (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--speculative-config", default=SPECULATIVE, help="for the started server (default: %(default)s)")
+    ap.add_argument("--template", default=CHATML,
+                    help="the prompts' frame, with {request} (default: the default model's chat format)")
+    ap.add_argument("--speculative-config", default="default",
+                    help="for the started server (default: the server's own default)")
     ap.add_argument("--server-args", default="", help="more `dspark serve` arguments for the started server")
     ap.add_argument("--out", help="write the probes and AUCs as JSON here")
     args = ap.parse_args()
     if args.probes < 5 or args.probe_tokens < 4 or args.reply_tokens < 8:
         ap.error("need --probes >= 5, --probe-tokens >= 4 and --reply-tokens >= 8")
+    if "{request}" not in args.template:
+        ap.error("--template must contain {request}")
     if args.victim_key == args.attacker_key:
         ap.error("--victim-key and --attacker-key must differ (two tenants)")
     cfg = LeakConfig(args.victim_key, args.attacker_key, args.victim_salt, args.probes, args.probe_tokens,
-                     args.reply_tokens, args.seed)
+                     args.reply_tokens, args.seed, args.template)
     if args.base_url:
         return report(args, run(args.base_url, cfg))
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,23 +1,48 @@
 """The timing-attack harness: can one tenant tell, from how its own requests run, what
 another tenant sent or was answered?
 
-A victim tenant sends a secret prompt and receives a greedy reply; its prompt is now
-in the prefix cache and its reply in the reply history, both under the victim's
-namespace. An attacker then sends probes: half "true" (the secret prompt followed by
-the first j tokens of the victim's reply, so that a shared store would start the
-prompt sooner and draft the reply's continuation), half matched controls (a decoy
-prompt of the same kind, never sent before, with the first j tokens of its own
-reply, obtained beforehand in a throwaway namespace). Probes run one at a time in a
-random order, each measured by its stream: time to the first token, time per token
-after it, and tokens per chunk. Each feature's AUC says how well it tells a true
-probe from a control (0.5: not at all; reported as max(AUC, 1 - AUC), the better of
-the two directions an attacker could pick).
+A victim tenant sends a secret prompt (a request for a story with random names and
+things, in the model's chat format: about 90 tokens) and receives a greedy reply; its
+prompt is now in the prefix cache and its reply in the reply history, both under the
+victim's namespace. Then come `probes` pairs, each probed in two conditions: across
+namespaces (the attacker's own key, a fresh salt per probe, so that its probes do not
+help each other) and inside the victim's namespace (the victim's key and salt: the
+control). A pair is a "true" probe (the secret prompt followed by the first part of
+the victim's reply, so that a shared store would start the prompt sooner and draft the
+rest of the reply) and its matched control (a decoy request of the same template, one
+per pair and condition, never sent in a probed namespace, followed by its own reply
+of as many tokens, fetched
+beforehand in a throwaway namespace and no longer: what the control decodes was never
+answered to anyone, so a store shared by mistake drafts it nothing). Each probe is measured by its stream: time to
+the first token, time per token after it, and tokens per chunk. Where /metrics answers
+the prober's key, the server's counters around each probe are kept too (prefix-cache
+hit tokens, drafted and accepted tokens): for the record, never scored. Each
+feature's AUC says how well it tells a true probe from a control (0.5: not at all;
+reported as max(AUC, 1 - AUC), the better of the two directions an attacker could
+pick).
 
-Two conditions: across namespaces (the attacker's own key, a fresh salt per probe so
-that its probes do not help each other) must give AUC <= 0.6 on every feature; inside
-the victim's namespace (the victim's key and salt) some feature must give AUC >= 0.9,
-or the run is inconclusive: a harness that cannot see the leak where it exists proves
-nothing where it finds none.
+What makes the control see a leak where there is one:
+- the victim sends its secret prompt again (one token) right before every pair, so
+  its prefix-cache entry is the most recently used however many probes and decoys
+  came before (the LRU order is global; a pair then stores at most four prompts
+  before its last probe, and the default 64 MiB keeps about eight of these);
+- a pair's four probes (two conditions, two kinds) go in a random order and cut their
+  replies at the same fraction, so drift in the machine's speed and in the engine's
+  adaptive state (governors, calibration, step-time table) falls on every kind and
+  condition alike: the control is measured on the same server states as the attack;
+- the prompts are in the chat format, where the default model answers in varied
+  prose; from bare text it soon repeats itself, and prompt lookup in the request's
+  own tokens then predicts what the history would (the history is asked only where
+  the request's own tokens have no 3-token match), hiding the history's leak;
+- each probe decodes `probe_tokens` (32) tokens, all inside the victim's reply
+  (`reply_tokens` 96, cut at a third to a half of its words), so that the history's
+  drafts show in the time per token and the chunk sizes.
+
+Pass: AUC <= 0.6 on every feature across namespaces, and inside the victim's
+namespace both stores' leaks seen: time to first token (the prefix cache) and time per
+token or tokens per chunk (the reply history) each at 0.9 or more; else the run is
+inconclusive: a harness that cannot see a leak where it exists proves nothing where it
+finds none.
 
 HTTP only (no torch): it runs against any server that knows the two keys.
 """
@@ -33,12 +58,25 @@ import httpx
 
 FEATURES = ("ttft_s", "per_token_s", "tokens_per_chunk")
 
-#: words the secret and decoy prompts are drawn from: ordinary English, so that the
-#: model's replies are ordinary text
+#: which store's leak each feature shows: a prefix-cache hit starts a prompt sooner; a
+#: reply history's drafts make a reply decode in fewer, larger steps
+STORES = {"prefix cache": ("ttft_s",), "reply history": ("per_token_s", "tokens_per_chunk")}
+
+#: the server's counters kept around each probe where /metrics answers (not scored)
+COUNTERS = {"prefix_hit_tokens": "prefix_cache_hits_total",
+            "draft_tokens": "spec_decode_num_draft_tokens_total",
+            "accepted_tokens": "spec_decode_num_accepted_tokens_total"}
+
+#: what the secret and decoy openings are drawn from: ordinary English, so that the
+#: model's replies are ordinary, varied text
 WORDS = ("river mountain garden letter window morning silver orange quiet forest harbor teacher market "
          "winter lantern village candle bridge summer meadow pocket thunder basket castle mirror planet "
          "ticket doctor engine island jacket kitchen ladder needle pillow rabbit saddle tunnel violin "
          "wagon yellow anchor blanket copper desert feather glacier hammer ivory jungle kettle").split()
+NAMES = ("Tom Anna Maria Peter Lucy Omar Elena Jack Sofia Ivan Clara Hugo Nina Felix Rosa Leo Mira Paul "
+         "Ada Tariq Greta Milo Iris Sam").split()
+TRADES = ("baker carpenter fisherman weaver potter tailor farmer painter sailor miller shepherd "
+          "clockmaker blacksmith gardener").split()
 
 
 @dataclass
@@ -47,6 +85,8 @@ class Probe:
     ttft_s: float
     per_token_s: float
     tokens_per_chunk: float
+    #: the server's counters over this probe (COUNTERS), {} where /metrics did not answer
+    counters: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -61,11 +101,25 @@ class LeakResult:
         a = auc(pos, neg)
         return max(a, 1.0 - a)
 
+    def store_auc(self, store: str) -> float:
+        """The best AUC among the features that show `store`'s leak (STORES)."""
+        return max(self.auc(f) for f in STORES[store])
+
     def summary(self) -> dict:
-        return {"condition": self.condition, "probes": len(self.probes),
-                "auc": {f: round(self.auc(f), 3) for f in FEATURES},
-                "medians": {kind: {f: _median([getattr(p, f) for p in self.probes if p.kind == kind])
-                                   for f in FEATURES} for kind in ("true", "control")}}
+        kinds = ("true", "control")
+        out = {"condition": self.condition, "probes": len(self.probes),
+               "auc": {f: round(self.auc(f), 3) for f in FEATURES},
+               "medians": {kind: {f: _median([getattr(p, f) for p in self.probes if p.kind == kind])
+                                  for f in FEATURES} for kind in kinds}}
+        counted = [p for p in self.probes if p.counters]
+        if counted:
+            # per kind: each counter's total, and how many probes reused a kept prefix at all
+            out["counters"] = {kind: {**{c: sum(p.counters.get(c, 0) for p in counted if p.kind == kind)
+                                         for c in COUNTERS},
+                                      "probes_with_prefix_hit": sum(p.counters.get("prefix_hit_tokens", 0) > 0
+                                                                    for p in counted if p.kind == kind)}
+                               for kind in kinds}
+        return out
 
 
 def auc(pos: list[float], neg: list[float]) -> float:
@@ -84,9 +138,51 @@ def _median(xs: list[float]) -> float | None:
     return round(s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2, 5)
 
 
-def secret_text(rng: random.Random, words: int = 60) -> str:
-    """A prompt of `words` random words (about 70 tokens with the default tokenizer)."""
-    return "Write a short story that uses these words in order: " + " ".join(rng.choice(WORDS) for _ in range(words))
+#: the default model's chat format with its default system prompt (SmolLM2's ChatML), as
+#: its chat endpoint renders a one-message conversation: in it the model answers in
+#: varied prose, where from bare text it soon repeats itself (and then prompt lookup in
+#: the request's own tokens predicts what the history would, hiding the history's leak)
+CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+          "<|im_start|>user\n{request}<|im_end|>\n<|im_start|>assistant\n")
+#: a prompt as it is: for a model without that format (--template '{request}')
+PLAIN = "{request}"
+
+
+def secret_text(rng: random.Random, template: str = CHATML) -> str:
+    """A request for a story with random names, trades and things, in `template` (about
+    90 tokens with the default model's chat format, 55 of them the request's own): the
+    secret and the decoys alike, so that they are matched."""
+    w = lambda: rng.choice(WORDS)  # noqa: E731
+    name, friend = rng.sample(NAMES, 2)
+    request = (f"Write a short story about {name}, a {rng.choice(TRADES)} who lives near the {w()} {w()}. "
+               f"{name} keeps a {w()}, a {w()} and a {w()} at home, and one morning finds a {w()} under the "
+               f"{w()}. Include {name}'s friend {friend}, a {rng.choice(TRADES)}, and an old {w()}.")
+    return template.format(request=request)
+
+
+def cut(reply: str, fraction: float) -> str:
+    """The reply's first `fraction` of its words (at least one): a probe's prompt ends
+    inside the reply, so that what the probe decodes is the reply's continuation."""
+    words = reply.split(" ")
+    return " ".join(words[: max(1, round(len(words) * fraction))])
+
+
+#: the two conditions: the attacker's own key (a fresh salt per probe), and the victim's
+#: key and salt (the control)
+CONDITIONS = ("across namespaces", "same namespace")
+
+
+def pair_schedule(pairs: int, rng: random.Random) -> list[tuple[int, list[tuple[str, str]], float]]:
+    """Per pair, in a random order of pairs: its index, its four probes (condition, kind)
+    in a random order, and the fraction of the replies they all carry (a third to a half)."""
+    order = list(range(pairs))
+    rng.shuffle(order)
+    out = []
+    for i in order:
+        probes = [(condition, kind) for condition in CONDITIONS for kind in ("true", "control")]
+        rng.shuffle(probes)
+        out.append((i, probes, rng.uniform(1 / 3, 1 / 2)))
+    return out
 
 
 class Client:
@@ -116,6 +212,16 @@ class Client:
         r.raise_for_status()
         return r.json()["choices"][0]["text"]
 
+    def counters(self, key: str) -> dict[str, float]:
+        """COUNTERS' values now (summed over labels); {} where /metrics does not answer."""
+        try:
+            r = self.http.get(self.url + "/metrics", headers={"Authorization": f"Bearer {key}"})
+        except httpx.HTTPError:
+            return {}
+        if r.status_code != 200:
+            return {}
+        return parse_counters(r.text)
+
     def timed(self, prompt: str, key: str, salt: str | None, max_tokens: int, kind: str) -> Probe:
         """One streamed request: (time to first token, seconds per later token, tokens per chunk)."""
         t0 = time.perf_counter()
@@ -137,55 +243,78 @@ class Client:
         return Probe(kind, arrivals[0] - t0, (arrivals[-1] - arrivals[0]) / (tokens - 1), tokens / len(arrivals))
 
 
+def parse_counters(text: str) -> dict[str, float]:
+    """COUNTERS' values from Prometheus text (any name prefix, summed over labels)."""
+    totals = {mine: 0.0 for mine in COUNTERS}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for mine, theirs in COUNTERS.items():
+            if name == theirs or name.endswith(":" + theirs):
+                totals[mine] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 @dataclass
 class LeakConfig:
     victim_key: str
     attacker_key: str
     victim_salt: str | None = None
     probes: int = 50  # per kind and condition
-    probe_tokens: int = 16
-    reply_tokens: int = 48
+    probe_tokens: int = 32
+    reply_tokens: int = 96
     seed: int = 0
+    template: str = CHATML  # the prompts' frame, with {request}
 
 
 def run_leak(client: Client, cfg: LeakConfig, log=print) -> list[LeakResult]:
     """The victim's request, the decoys' replies, then both conditions (see the module docstring)."""
     rng = random.Random(cfg.seed)
-    secret = secret_text(rng)
+    secret = secret_text(rng, cfg.template)
     victim_reply = client.reply(secret, cfg.victim_key, cfg.victim_salt, cfg.reply_tokens)
-    log(f"victim: {len(secret.split())}-word secret prompt, reply of {cfg.reply_tokens} tokens")
-    decoys = []
-    for i in range(cfg.probes):
-        prompt = secret_text(rng)
-        # its reply in a namespace nobody probes, so that a control is as fresh as the secret is to the attacker
-        decoys.append((prompt, client.reply(prompt, cfg.attacker_key, f"decoy-{cfg.seed}-{i}", cfg.reply_tokens)))
+    if len(victim_reply.split()) < 8:
+        raise RuntimeError(f"the victim's reply of {cfg.reply_tokens} tokens has {len(victim_reply.split())} "
+                           f"words ({victim_reply[:80]!r}): no continuation to probe")
+    log(f"victim: a {len(secret.split())}-word secret prompt, a reply of {cfg.reply_tokens} tokens")
+    schedule = pair_schedule(cfg.probes, rng)
+    decoys = {}
+    for i, _, fraction in schedule:
+        for condition in CONDITIONS:  # one each: a store shared by mistake must not serve one from the other
+            prompt = secret_text(rng, cfg.template)
+            # its reply as far as its probe's prompt carries it (no further: a store shared
+            # by mistake would then draft nothing of what the control decodes), in a
+            # namespace nobody probes, in the pairs' order (the first probed, the longest ago)
+            salt = f"decoy-{cfg.seed}-{i}-{condition[0]}"
+            decoys[i, condition] = prompt + client.reply(prompt, cfg.attacker_key, salt,
+                                                         max(1, round(cfg.reply_tokens * fraction)))
     log(f"{len(decoys)} decoys and their replies fetched")
-    results = []
-    for condition, key in (("across namespaces", cfg.attacker_key), ("same namespace", cfg.victim_key)):
-        result = LeakResult(condition)
-        order = [("true", i) for i in range(cfg.probes)] + [("control", i) for i in range(cfg.probes)]
-        rng.shuffle(order)
-        for n, (kind, i) in enumerate(order):
-            prompt, reply = (secret, victim_reply) if kind == "true" else decoys[i]
-            cut = _cut(reply, rng)
-            salt = f"probe-{cfg.seed}-{condition[0]}-{n}" if key == cfg.attacker_key else cfg.victim_salt
-            result.probes.append(client.timed(prompt + cut, key, salt, cfg.probe_tokens, kind))
+    results = {condition: LeakResult(condition) for condition in CONDITIONS}
+    for n, (i, probes, fraction) in enumerate(schedule):
+        # the victim asks again (one token): its prompt is the cache's most recently used
+        client.reply(secret, cfg.victim_key, cfg.victim_salt, 1)
+        for condition, kind in probes:
+            prompt = secret + cut(victim_reply, fraction) if kind == "true" else decoys[i, condition]
+            if condition == "same namespace":
+                key, salt = cfg.victim_key, cfg.victim_salt
+            else:
+                key, salt = cfg.attacker_key, f"probe-{cfg.seed}-{n}-{kind}"
+            before = client.counters(key)
+            probe = client.timed(prompt, key, salt, cfg.probe_tokens, kind)
+            after = client.counters(key) if before else {}
+            probe.counters = {c: after[c] - before[c] for c in before if c in after}
+            results[condition].probes.append(probe)
+        if (n + 1) % 10 == 0:
+            log(f"{n + 1} of {cfg.probes} pairs probed")
+    for result in results.values():
         log(json.dumps(result.summary()))
-        results.append(result)
-    return results
-
-
-def _cut(reply: str, rng: random.Random) -> str:
-    """The reply's first few words (a third to a half of them): the probe's own prompt
-    ends inside the reply, so that what follows is the reply's continuation."""
-    words = reply.split(" ")
-    return " ".join(words[: max(1, rng.randint(len(words) // 3, len(words) // 2))])
+    return list(results.values())
 
 
 def verdict(results: list[LeakResult], cross_max: float = 0.6, control_min: float = 0.9) -> str:
-    """'pass', 'fail' (a feature leaks across namespaces) or 'inconclusive' (the control
-    saw no leak inside the victim's namespace)."""
+    """'pass', 'fail' (a feature leaks across namespaces) or 'inconclusive' (inside the
+    victim's namespace the control did not see both stores' leaks: STORES)."""
     by = {r.condition: r for r in results}
-    if max(by["same namespace"].auc(f) for f in FEATURES) < control_min:
+    if any(by["same namespace"].store_auc(store) < control_min for store in STORES):
         return "inconclusive"
     return "pass" if all(by["across namespaces"].auc(f) <= cross_max for f in FEATURES) else "fail"
