@@ -54,7 +54,7 @@ def gguf_dequantize(qtype: str, blocks: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(blocks.shape[0], k)
 
 
-@pytest.fixture(params=[0, 512], ids=["reference", "avx512"])
+@pytest.fixture(params=[0, 256, 512], ids=["reference", "avx2", "avx512"])
 def dequant_isa(request):
     lib = cpu_kernels.load()
     if request.param == 512 and "avx512bw" not in cpu_kernels.cpu_flags():

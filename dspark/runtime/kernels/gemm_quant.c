@@ -378,8 +378,84 @@ static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict 
     }
 }
 
-/* 0: the one-at-a-time reference, 512: the vector code (tests compare them); the AVX2
- * variant reads through the reference, which the compiler vectorizes. */
+/* ---- the same units on AVX2: 32 weights as four 8-lane vectors (weights 0-7, 8-15,
+ * 16-23, 24-31), the values unit512 makes ------------------------------------------ */
+
+/* 8 bytes -> 8 int32 lanes */
+#define U8x8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define I8x8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+
+static inline __attribute__((always_inline)) void unit256(int type, const uint8_t *row, int64_t u, __m256 *w) {
+    const __m256i f15 = _mm256_set1_epi32(15);
+    switch (type) {
+        case R_Q4_0: case R_Q4_1: {
+            const int one = type == R_Q4_1;
+            const uint8_t *blk = row + u * (20 + 4 * one), *qs = blk + 4 + 4 * one;
+            const __m256 d = _mm256_set1_ps(f32at(blk)), m = _mm256_set1_ps(one ? f32at(blk + 4) : 0.0f);
+            const __m256i eight = _mm256_set1_epi32(8);
+            for (int h = 0; h < 2; h++) {  /* bytes 8 h .. 8 h + 7: weights 8 h .. (low), 16 + 8 h .. (high) */
+                const __m256i v = U8x8(qs + 8 * h);
+                __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_srli_epi32(v, 4);
+                if (one) {
+                    w[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lo), m);
+                    w[2 + h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(hi), m);
+                } else {
+                    w[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(lo, eight)));
+                    w[2 + h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, eight)));
+                }
+            }
+            return;
+        }
+        case R_Q5_0: case R_Q5_1: case R_Q8_0: {
+            const int one = type == R_Q5_1;
+            const uint8_t *blk = row + u * (type == R_Q5_1 ? 40 : 36), *q = blk + 4 + 4 * one;
+            const __m256 d = _mm256_set1_ps(f32at(blk));
+            for (int h = 0; h < 4; h++) {
+                const __m256 qf = _mm256_cvtepi32_ps(I8x8(q + 8 * h));
+                w[h] = one ? _mm256_fmadd_ps(d, qf, _mm256_set1_ps(f32at(blk + 4))) : _mm256_mul_ps(d, qf);
+            }
+            return;
+        }
+        case R_Q4_K: case R_Q5_K: {
+            const int five = type == R_Q5_K, sub = (int)(u & 7);
+            const uint8_t *blk = row + (u >> 3) * (five ? 320 : 192);
+            const __m256 ds = _mm256_set1_ps(f32at(blk + 4 * sub)), dm = _mm256_set1_ps(f32at(blk + 32 + 4 * sub));
+            for (int h = 0; h < 4; h++) {
+                __m256i q;
+                if (five) q = U8x8(blk + 64 + 32 * sub + 8 * h);
+                else {
+                    q = U8x8(blk + 64 + 32 * (sub >> 1) + 8 * h);
+                    q = sub & 1 ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, f15);
+                }
+                w[h] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(q), dm);
+            }
+            return;
+        }
+        case R_Q6_K: {
+            const int sub = (int)(u & 7);
+            const uint8_t *blk = row + (u >> 3) * 320;
+            const int8_t *q = (const int8_t *)(blk + 64 + 32 * sub);
+            for (int h = 0; h < 4; h++)
+                w[h] = _mm256_mul_ps(_mm256_set1_ps(f32at(blk + 8 * sub + 4 * (h >> 1))),
+                                     _mm256_cvtepi32_ps(I8x8(q + 8 * h)));
+            return;
+        }
+    }
+}
+
+static void dq256(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    if (type < R_OFF) {
+        dequant_row_ref(type, row, K, out);
+        return;
+    }
+    for (int64_t u = 0; u < K / 32; u++) {
+        __m256 w[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        unit256(type, row, u, w);
+        for (int h = 0; h < 4; h++) _mm256_storeu_ps(out + 32 * u + 8 * h, w[h]);
+    }
+}
+
+/* 0: the one-at-a-time reference, 512 / 256: the vector code (tests compare them). */
 static int dequant_isa = -1;
 
 void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
@@ -387,6 +463,7 @@ void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
 static void dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
     const int isa = dequant_isa >= 0 ? dequant_isa : dspark_gemm_bf16w_isa();
     if (isa == 512) dq512(type, row, K, out);
+    else if (isa == 256) dq256(type, row, K, out);
     else dequant_row_ref(type, row, K, out);
 }
 
@@ -598,6 +675,66 @@ static T512 void fused_cols(int type, const float *x, int64_t M, int64_t K, cons
 #undef F
 }
 
+/* The AVX2 decode: MR (1 or 2) rows against NC rows of W, each output's lanes 0-7 and
+ * 8-15 in two registers, in unit512's order (weights 0-7 and 8-15, then 16-23 and 24-31). */
+static inline __attribute__((always_inline)) void fused256(int type, const float *x, int64_t K,
+                                                           const uint8_t *rows, int64_t rb, float *y, int64_t ldy,
+                                                           const float *bias, int MR, int NC) {
+    __m256 acc[2][4][2];
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NC; j++) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < K / 32; u++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NC; j++) {
+            __m256 w[4];
+            unit256(type, rows + j * rb, u, w);
+#pragma GCC unroll 2
+            for (int i = 0; i < MR; i++) {
+                const float *xu = x + i * K + 32 * u;
+                acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xu), w[0], acc[i][j][0]);
+                acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xu + 8), w[1], acc[i][j][1]);
+                acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xu + 16), w[2], acc[i][j][0]);
+                acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xu + 24), w[3], acc[i][j][1]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NC; j++) {
+            const float r = reduce256(acc[i][j][0], acc[i][j][1]);
+            y[i * ldy + j] = bias ? r + bias[j] : r;
+        }
+}
+
+static void fused_cols256(int type, const float *x, int64_t M, int64_t K, const uint8_t *data, int64_t rb,
+                          int64_t c, int64_t nc, float *y, int64_t ldy, const float *bias) {
+    const int wide = M == 1 ? 4 : 2;
+    int64_t j = 0;
+#define F(t, mr, n) fused256(t, x, K, data + (c + j) * rb, rb, y + j, ldy, bias ? bias + j : 0, mr, n)
+#define TYPES(mr, n)                                                   \
+    switch (type) {                                                    \
+        case R_Q4_0: F(R_Q4_0, mr, n); break;                          \
+        case R_Q4_1: F(R_Q4_1, mr, n); break;                          \
+        case R_Q5_0: F(R_Q5_0, mr, n); break;                          \
+        case R_Q5_1: F(R_Q5_1, mr, n); break;                          \
+        case R_Q8_0: F(R_Q8_0, mr, n); break;                          \
+        case R_Q4_K: F(R_Q4_K, mr, n); break;                          \
+        case R_Q5_K: F(R_Q5_K, mr, n); break;                          \
+        default: F(R_Q6_K, mr, n); break;                              \
+    }
+    for (; j + wide <= nc; j += wide) {
+        if (M == 1) { TYPES(1, 4) } else { TYPES(2, 2) }
+    }
+    for (; j < nc; j++) {
+        if (M == 1) { TYPES(1, 1) } else { TYPES(2, 1) }
+    }
+#undef TYPES
+#undef F
+}
+
 /* 512: the AVX-512 micro-kernels, 256: AVX2; follows the bf16w kernel's choice. */
 static int quant_isa(void) { return dspark_gemm_bf16w_isa(); }
 
@@ -660,9 +797,11 @@ static void gemm_quant(const float *x, const int64_t *desc, const float *bias, f
             const int64_t rows = g[1], rb = g[2];
             const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
             int64_t lo = c0 > base ? c0 : base, hi = c1 < base + rows ? c1 : base + rows;
-            if (isa == 512 && M <= 2 && fused_type(type) && fuse) {
-                if (hi > lo)
+            if (M <= 2 && fused_type(type) && fuse) {
+                if (hi > lo && isa == 512)
                     fused_cols(type, x, M, K, data, rb, lo - base, hi - lo, y + lo, N, bias ? bias + lo : 0);
+                else if (hi > lo)
+                    fused_cols256(type, x, M, K, data, rb, lo - base, hi - lo, y + lo, N, bias ? bias + lo : 0);
                 base += rows;
                 continue;
             }
