@@ -10,7 +10,8 @@ from conftest import BF16X_PRECISIONS
 from dspark.runtime import cpu_kernels, cpu_matmul
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
-from dspark.runtime.loader import choose_precision, load_transformer, parse_precision
+from dspark.runtime.loader import load_transformer
+from dspark.runtime.precision import choose_precision, parse_precision
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"native kernel unavailable: {cpu_kernels.why_unavailable()}")

@@ -119,7 +119,7 @@ def test_fp32_says_when_its_matmuls_are_not_batch_invariant(tiny_hf, monkeypatch
     say; where the kernels cannot run, torch's fp32 linear is checked at load: a row
     whose bits change with the number of rows in the product is a near-tie risk for
     speculation, and the load says so."""
-    from dspark.runtime import loader
+    from dspark.runtime import precision as loader
 
     _, path, _ = tiny_hf
     real = torch.nn.functional.linear

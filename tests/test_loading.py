@@ -10,7 +10,8 @@ from conftest import BF16X_PRECISIONS
 from dspark.runtime import cpu_kernels, cpu_matmul, prepared
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.kv_cache import KVCachePool
-from dspark.runtime.loader import cached_choose_precision, load_transformer
+from dspark.runtime.loader import load_transformer
+from dspark.runtime.precision import cached_choose_precision
 from dspark.runtime.tokenizer import Tokenizer
 
 
@@ -65,7 +66,7 @@ def test_auto_weighs_decode_verification_and_batch_products_alike():
     where the 1- and 8-row sum the pick used to rest on sat at the 0.9 margin and
     flipped from start to start; a bf16x that leads by little at 8 and 32 rows but
     takes twice bf16w's time at one keeps bf16w."""
-    from dspark.runtime.loader import MEASURE_ROWS, pick_precision
+    from dspark.runtime.precision import MEASURE_ROWS, pick_precision
 
     assert MEASURE_ROWS == (1, 8, 32)
 
@@ -82,7 +83,7 @@ def test_auto_weighs_decode_verification_and_batch_products_alike():
 
 
 def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
-    from dspark.runtime import loader
+    from dspark.runtime import precision as loader
 
     _, path, _ = tiny_hf
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))

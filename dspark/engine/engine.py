@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from dspark.drafters.build import drafter_from_spec
 from dspark.errors import UserError
 from dspark.runtime.kv_cache import ContextTooLong
-from dspark.runtime.loader import BATCH_INVARIANT_CPU
+from dspark.runtime.precision import BATCH_INVARIANT_CPU
 from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams, StopRule
 from dspark.schedule.policies import make_policy

@@ -62,6 +62,6 @@ def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
         return None
     if precision == "bf16" or device.startswith("cuda"):
         return torch.bfloat16
-    from dspark.runtime.loader import cpu_has_bf16
+    from dspark.runtime.precision import cpu_has_bf16
 
     return torch.bfloat16 if cpu_has_bf16() else None

@@ -36,7 +36,7 @@ def main() -> None:
 
     from dspark.generate import generate_plain
     from dspark.runtime import cpu_kernels
-    from dspark.runtime.loader import cpu_has_bf16
+    from dspark.runtime.precision import cpu_has_bf16
     from dspark.runtime.target import Target
     from dspark.sampling import SamplingParams
 
