@@ -1,0 +1,245 @@
+/* Repacking a GGUF file's blocks into the layouts of quant_units.h, and dequantizing
+ * rows: the one-weight-at-a-time reference, and the AVX-512 and AVX2 fills of the
+ * matmul's scratch (tests check all three against the gguf package, bit for bit). */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "quant_units.h"
+
+int64_t dspark_quant_block(int type, int64_t *bytes) {
+    int64_t b = 0, n = 32;
+    switch (type) {
+        case GT_F32: b = 128; break;
+        case GT_F16: case GT_BF16: b = 64; break;
+        case GT_Q4_0: b = 18; break;
+        case GT_Q4_1: b = 20; break;
+        case GT_Q5_0: b = 22; break;
+        case GT_Q5_1: b = 24; break;
+        case GT_Q8_0: b = 34; break;
+        case GT_Q4_K: n = 256; b = 144; break;
+        case GT_Q5_K: n = 256; b = 176; break;
+        case GT_Q6_K: n = 256; b = 210; break;
+        case R_Q4_0: b = 20; break;
+        case R_Q4_1: b = 24; break;
+        case R_Q5_0: b = 36; break;
+        case R_Q5_1: b = 40; break;
+        case R_Q8_0: b = 36; break;
+        case R_Q4_K: n = 256; b = 192; break;
+        case R_Q5_K: n = 256; b = 320; break;
+        case R_Q6_K: n = 256; b = 320; break;
+        default: n = 0;
+    }
+    if (bytes) *bytes = b;
+    return n;
+}
+
+/* The type the kernel reads for a file's type (itself for F32, F16, BF16). */
+int dspark_quant_repacked_type(int type) {
+    return type == GT_F32 || type == GT_F16 || type == GT_BF16 ? type : R_OFF + type;
+}
+
+
+/* rows of a file's blocks (src, src_row bytes each) -> the repacked layout (dst). */
+void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t rows, int64_t K, uint8_t *dst) {
+    const int rtype = dspark_quant_repacked_type(type);
+    int64_t sb, rb;
+    const int64_t bs = dspark_quant_block(type, &sb);
+    dspark_quant_block(rtype, &rb);
+    const int64_t nb = K / bs;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *in = src + r * src_row;
+        uint8_t *out = dst + r * nb * rb;
+        if (rtype == type) {
+            memcpy(out, in, nb * sb);
+            continue;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *s = in + b * sb;
+            uint8_t *o = out + b * rb;
+            float f[16];
+            switch (type) {
+                case GT_Q4_0: case GT_Q8_0:  /* d; the rest as stored */
+                    f[0] = h2f(s);
+                    memcpy(o, f, 4);
+                    memcpy(o + 4, s + 2, sb - 2);
+                    break;
+                case GT_Q4_1:  /* d, m; the rest as stored */
+                    f[0] = h2f(s);
+                    f[1] = h2f(s + 2);
+                    memcpy(o, f, 8);
+                    memcpy(o + 8, s + 4, sb - 4);
+                    break;
+                case GT_Q5_0: case GT_Q5_1: {  /* d (, m), one byte a weight: q - 16 (q) */
+                    const int one = type == GT_Q5_1;
+                    f[0] = h2f(s);
+                    f[1] = one ? h2f(s + 2) : 0.0f;
+                    memcpy(o, f, 4 + 4 * one);
+                    uint32_t qh;
+                    memcpy(&qh, s + 2 + 2 * one, 4);
+                    const uint8_t *qs = s + 6 + 2 * one;
+                    int8_t *q = (int8_t *)(o + 4 + 4 * one);
+                    for (int j = 0; j < 16; j++) {
+                        q[j] = (int8_t)(((qs[j] & 15) | (((qh >> j) & 1) << 4)) - (one ? 0 : 16));
+                        q[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - (one ? 0 : 16));
+                    }
+                    break;
+                }
+                case GT_Q4_K: case GT_Q5_K: {
+                    const float d = h2f(s), dmin = h2f(s + 2);
+                    for (int j = 0; j < 8; j++) {
+                        int sc, m;
+                        scale_min_k4(j, s + 4, &sc, &m);
+                        f[j] = d * (float)sc;
+                        f[8 + j] = dmin * (float)m;
+                    }
+                    memcpy(o, f, 64);
+                    if (type == GT_Q4_K) {
+                        memcpy(o + 64, s + 16, 128);
+                        break;
+                    }
+                    for (int sub = 0; sub < 8; sub++)  /* Q5_K: one byte a weight, in weight order */
+                        for (int l = 0; l < 32; l++) {
+                            const uint8_t b = s[48 + 32 * (sub >> 1) + l];
+                            o[64 + 32 * sub + l] = (uint8_t)((sub & 1 ? b >> 4 : b & 15) | (((s[16 + l] >> sub) & 1) << 4));
+                        }
+                    break;
+                }
+                case GT_Q6_K: {  /* ds[16], then q - 32 a byte each, in weight order */
+                    const float d = h2f(s + 208);
+                    for (int j = 0; j < 16; j++) f[j] = d * (float)((const int8_t *)(s + 192))[j];
+                    memcpy(o, f, 64);
+                    int8_t *q = (int8_t *)(o + 64);
+                    for (int half = 0; half < 2; half++) {
+                        const uint8_t *ql = s + 64 * half, *qh = s + 128 + 32 * half;
+                        int8_t *qq = q + 128 * half;
+                        for (int l = 0; l < 32; l++) {
+                            qq[l] = (int8_t)((int)((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+                            qq[l + 32] = (int8_t)((int)((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                            qq[l + 64] = (int8_t)((int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                            qq[l + 96] = (int8_t)((int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/* One row of K weights of a repacked (or float) type -> fp32, one weight at a time:
+ * the reference the vector code is tested against (every value exact or rounded once,
+ * as ggml rounds it, so any vector width gives the same bits). */
+static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    int64_t bb;
+    const int64_t bs = dspark_quant_block(type, &bb), nb = K / bs;
+    switch (type) {
+        case GT_F32:
+            memcpy(out, row, K * sizeof(float));
+            return;
+        case GT_F16:
+            for (int64_t i = 0; i < K; i++) out[i] = h2f(row + 2 * i);
+            return;
+        case GT_BF16:
+            for (int64_t i = 0; i < K; i++) {
+                uint32_t u = (uint32_t)((const uint16_t *)row)[i] << 16;
+                memcpy(out + i, &u, 4);
+            }
+            return;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        float *restrict y = out + b * bs;
+        switch (type) {
+            case R_Q4_0: case R_Q4_1: {
+                const int one = type == R_Q4_1;
+                const float d = f32at(blk), m = one ? f32at(blk + 4) : 0.0f;
+                const uint8_t *qs = blk + 4 + 4 * one;
+                for (int j = 0; j < 16; j++) {
+                    y[j] = one ? d * (float)(qs[j] & 15) + m : d * (float)((int)(qs[j] & 15) - 8);
+                    y[j + 16] = one ? d * (float)(qs[j] >> 4) + m : d * (float)((int)(qs[j] >> 4) - 8);
+                }
+                break;
+            }
+            case R_Q5_0: case R_Q5_1: {
+                const int one = type == R_Q5_1;
+                const float d = f32at(blk), m = one ? f32at(blk + 4) : 0.0f;
+                const int8_t *q = (const int8_t *)(blk + 4 + 4 * one);
+                for (int j = 0; j < 32; j++) y[j] = one ? d * (float)q[j] + m : d * (float)q[j];
+                break;
+            }
+            case R_Q8_0: {
+                const float d = f32at(blk);
+                for (int j = 0; j < 32; j++) y[j] = d * (float)((const int8_t *)(blk + 4))[j];
+                break;
+            }
+            case R_Q4_K: {
+                for (int sub = 0; sub < 8; sub++) {
+                    const float ds = f32at(blk + 4 * sub), dm = f32at(blk + 32 + 4 * sub);
+                    const uint8_t *q = blk + 64 + 32 * (sub >> 1);
+                    for (int l = 0; l < 32; l++) y[32 * sub + l] = ds * (float)(sub & 1 ? q[l] >> 4 : q[l] & 15) - dm;
+                }
+                break;
+            }
+            case R_Q5_K: {
+                for (int l = 0; l < 256; l++)
+                    y[l] = f32at(blk + 4 * (l / 32)) * (float)blk[64 + l] - f32at(blk + 32 + 4 * (l / 32));
+                break;
+            }
+            case R_Q6_K: {
+                const int8_t *q = (const int8_t *)(blk + 64);
+                for (int l = 0; l < 256; l++) y[l] = f32at(blk + 4 * (l / 16)) * (float)q[l];
+                break;
+            }
+        }
+    }
+}
+
+
+static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    switch (type) {
+        case GT_F32: case GT_F16: case GT_BF16:
+            dequant_row_ref(type, row, K, out);
+            return;
+    }
+    for (int64_t u = 0; u < K / 32; u++) {
+        __m512 w0 = _mm512_setzero_ps(), w1 = w0;
+        unit512(type, row, u, &w0, &w1);
+        _mm512_storeu_ps(out + 32 * u, w0);
+        _mm512_storeu_ps(out + 32 * u + 16, w1);
+    }
+}
+
+
+static void dq256(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    if (type < R_OFF) {
+        dequant_row_ref(type, row, K, out);
+        return;
+    }
+    for (int64_t u = 0; u < K / 32; u++) {
+        __m256 w[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        unit256(type, row, u, w);
+        for (int h = 0; h < 4; h++) _mm256_storeu_ps(out + 32 * u + 8 * h, w[h]);
+    }
+}
+
+/* 0: the one-at-a-time reference, 512 / 256: the vector code (tests compare them). */
+
+static int dequant_isa = -1;
+
+void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
+
+void dspark_dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    const int isa = dequant_isa >= 0 ? dequant_isa : dspark_gemm_bf16w_isa();
+    if (isa == 512) dq512(type, row, K, out);
+    else if (isa == 256) dq256(type, row, K, out);
+    else dequant_row_ref(type, row, K, out);
+}
+
+/* The exact fp32 values of `rows` rows (for tests and checks). */
+void dspark_dequant_rows(int type, const uint8_t *data, int64_t row_bytes, int64_t rows, int64_t K, float *out) {
+    for (int64_t r = 0; r < rows; r++) dspark_dequant_row(type, data + r * row_bytes, K, out + r * K);
+}
+
+/* The reduction every variant ends with (see the top of this file). */
