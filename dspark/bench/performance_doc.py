@@ -34,6 +34,7 @@ QUESTIONS: dict[str, str] = {
     "training": "How fast does training run?",
     "reliability": "Does the server hold up (fuzzing, soak, overload)?",
     "runtime": "Precisions and the runtime",
+    "quantized": "Quantized GGUF files served as stored",
 }
 REQUIRED = ("date", "commit", "cpu", "command", "summary")
 CONCURRENCIES = (1, 4, 16, 32)
