@@ -36,12 +36,15 @@ def main() -> int:
     ap.add_argument("--probe-tokens", type=int, default=32, help="tokens each probe decodes (default: %(default)s)")
     ap.add_argument("--reply-tokens", type=int, default=96, help="tokens of the victim's reply (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fetch-concurrency", type=int, default=8,
+                    help="decoy replies fetched at once before the probes, untimed (default: %(default)s)")
     ap.add_argument("--template", default=CHATML,
                     help="the prompts' frame, with {request} (default: the default model's chat format)")
     ap.add_argument("--speculative-config", default="default",
                     help="for the started server (default: the server's own default)")
     ap.add_argument("--server-args", default="", help="more `dspark serve` arguments for the started server")
-    ap.add_argument("--out", help="write the probes and AUCs as JSON here")
+    ap.add_argument("--out", help="write the probes and AUCs as JSON here (and the started server's log beside it, "
+                                  "as .server.log)")
     args = ap.parse_args()
     if args.probes < 5 or args.probe_tokens < 4 or args.reply_tokens < 8:
         ap.error("need --probes >= 5, --probe-tokens >= 4 and --reply-tokens >= 8")
@@ -50,7 +53,7 @@ def main() -> int:
     if args.victim_key == args.attacker_key:
         ap.error("--victim-key and --attacker-key must differ (two tenants)")
     cfg = LeakConfig(args.victim_key, args.attacker_key, args.victim_salt, args.probes, args.probe_tokens,
-                     args.reply_tokens, args.seed, args.template)
+                     args.reply_tokens, args.seed, args.template, args.fetch_concurrency)
     if args.base_url:
         return report(args, run(args.base_url, cfg))
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,7 +64,8 @@ def main() -> int:
         cmd = dspark_serve_command(port, args.speculative_config,
                                    ["--api-keys-file", str(keys), "--log-interval", "0",
                                     *shlex.split(args.server_args)])
-        with ServerProcess(cmd, url, Path(tmp) / "server.log"):
+        log = Path(args.out).with_suffix(".server.log") if args.out else Path(tmp) / "server.log"
+        with ServerProcess(cmd, url, log):
             return report(args, run(url, cfg))
 
 

@@ -1,6 +1,7 @@
 """The timing-attack harness (dspark.bench.leak): its AUC against a direct count over
-pairs, its verdicts, its schedule (the victim asks again before every pair; a pair's
-four probes, two conditions by two kinds, in a random order on one cut), and the whole
+pairs, its verdicts, its schedule (a victim's request of its own right before every
+pair; a pair's four probes, two conditions by two kinds, in a random order on one
+cut), and the whole
 protocol against a simulated server whose stores are keyed by namespace (the control
 sees both leaks, nothing crosses, even with a prefix cache of a few entries) or shared
 (the harness fails it)."""
@@ -162,35 +163,31 @@ def test_the_control_sees_both_leaks_with_a_cache_of_six_prompts_and_nothing_cro
     assert verdict(results) in ("pass", "fail")  # conclusive; across, only noise separates
     assert by["across namespaces"].probes[0].counters == {"prefix_hit_tokens": 0.0, "draft_tokens": 0.0,
                                                           "accepted_tokens": 0.0}
-    # the victim asked again (one token) right before every pair's four probes
+    # the victim's request (a full reply, a secret of its own) right before every pair's four probes
     timed_runs = [i for i, c in enumerate(server.calls) if c[0] == "timed"]
     starts = timed_runs[::4]
     assert len(starts) == 30
+    secrets = set()
     for s in starts:
-        assert server.calls[s - 1][:3] == ("reply", "v", None) and server.calls[s - 1][4] == 1
-        assert server.calls[s - 1][3] == server.calls[0][3]  # the secret, as first sent
+        call = server.calls[s - 1]
+        assert call[:3] == ("reply", "v", None) and call[4] == 40
+        trues = [c for c in server.calls[s:s + 4] if c[4] == "true"]
+        assert len(trues) == 2 and all(c[3].startswith(call[3]) and len(c[3]) > len(call[3]) for c in trues)
+        secrets.add(call[3])
+    assert len(secrets) == 30  # as varied as the controls
     # across namespaces: the attacker's key, never the same salt twice; the control: the victim's key and salt
     across = [c for c in server.calls if c[0] == "timed" and c[1] == "a"]
     assert len(across) == 60 and len({c[2] for c in across}) == 60
     assert all(c[2] is None for c in server.calls if c[0] == "timed" and c[1] == "v")
 
 
-def test_without_the_refresh_a_small_cache_would_have_hidden_the_prefix_leak():
-    """What the refresh is for: the same protocol, the victim's one-token requests
-    dropped, loses the secret's entry from a six-prompt cache and the control's TTFT."""
-    server = SimulatedServer(entries=6)
-    plain_reply = server.reply
-
-    def no_refresh(prompt, key, salt, max_tokens):
-        if max_tokens == 1:
-            return ""
-        return plain_reply(prompt, key, salt, max_tokens)
-
-    server.reply = no_refresh
-    results = run_leak(server, LeakConfig("v", "a", probes=30, probe_tokens=8, reply_tokens=40, seed=2),
-                       log=lambda line: None)
+def test_a_cache_smaller_than_a_pair_hides_the_prefix_leak_from_the_control():
+    """What the victim's request right before its pair is for, and its bound: a pair
+    stores up to five prompts (the victim's and four probes'), so a cache of six keeps
+    the victim's entry through the pair; one of two loses it before some true probes."""
+    results = run_leak(SimulatedServer(entries=2), LeakConfig("v", "a", probes=30, probe_tokens=8, reply_tokens=40,
+                                                              seed=2), log=lambda line: None)
     by = {r.condition: r for r in results}
-    # the true probes in the victim's namespace now hit only each other's prompts, sometimes
     assert by["same namespace"].auc("ttft_s") < 0.9
     assert verdict(results) == "inconclusive"
 

@@ -1,31 +1,34 @@
 """The timing-attack harness: can one tenant tell, from how its own requests run, what
 another tenant sent or was answered?
 
-A victim tenant sends a secret prompt (a request for a story with random names and
-things, in the model's chat format: about 90 tokens) and receives a greedy reply; its
-prompt is now in the prefix cache and its reply in the reply history, both under the
-victim's namespace. Then come `probes` pairs, each probed in two conditions: across
+Before each of `probes` pairs, a victim tenant sends a secret prompt of its own (a
+request for a story with random names and things, in the model's chat format: about
+90 tokens) and receives a greedy reply of `reply_tokens` (96); its prompt is now the
+prefix cache's most recently used entry and its reply the reply history's newest, both
+under the victim's namespace. The pair is then probed in two conditions: across
 namespaces (the attacker's own key, a fresh salt per probe, so that its probes do not
 help each other) and inside the victim's namespace (the victim's key and salt: the
-control). A pair is a "true" probe (the secret prompt followed by the first part of
-the victim's reply, so that a shared store would start the prompt sooner and draft the
-rest of the reply) and its matched control (a decoy request of the same template, one
-per pair and condition, never sent in a probed namespace, followed by its own reply
-of as many tokens, fetched
-beforehand in a throwaway namespace and no longer: what the control decodes was never
-answered to anyone, so a store shared by mistake drafts it nothing). Each probe is measured by its stream: time to
-the first token, time per token after it, and tokens per chunk. Where /metrics answers
-the prober's key, the server's counters around each probe are kept too (prefix-cache
-hit tokens, drafted and accepted tokens): for the record, never scored. Each
-feature's AUC says how well it tells a true probe from a control (0.5: not at all;
-reported as max(AUC, 1 - AUC), the better of the two directions an attacker could
-pick).
+control). A pair is a "true" probe (that secret prompt followed by the first part of
+its reply, so that a shared store would start the prompt sooner and draft the rest of
+the reply) and its matched control (a decoy request of the same template, one per pair
+and condition, never sent in a probed namespace, followed by its own reply of as many
+tokens, fetched beforehand in a throwaway namespace and no further: what a control
+decodes was never answered to anyone, so a store shared by mistake drafts it nothing).
+Each probe is measured by its stream: time to the first token, time per token after
+it, and tokens per chunk. Where /metrics answers the prober's key, the server's
+counters around each probe are kept too (prefix-cache hit tokens, drafted and accepted
+tokens): for the record, never scored. Each feature's AUC says how well it tells a
+true probe from a control (0.5: not at all; reported as max(AUC, 1 - AUC), the better
+of the two directions an attacker could pick).
 
 What makes the control see a leak where there is one:
-- the victim sends its secret prompt again (one token) right before every pair, so
-  its prefix-cache entry is the most recently used however many probes and decoys
-  came before (the LRU order is global; a pair then stores at most four prompts
-  before its last probe, and the default 64 MiB keeps about eight of these);
+- a secret per pair, sent right before it: the victim's entry is the prefix cache's
+  most recently used however many probes and decoys came before (the LRU order is
+  global; a pair then stores at most four prompts before its last probe, and the
+  default 64 MiB keeps about eight of these), and the true probes are as varied as
+  the controls (with one secret for all, every true probe decoded the same text, and
+  how well the drafter guessed that one text told it from the controls across
+  namespaces, AUC 0.68 on tokens per chunk, with no store involved);
 - a pair's four probes (two conditions, two kinds) go in a random order and cut their
   replies at the same fraction, so drift in the machine's speed and in the engine's
   adaptive state (governors, calibration, step-time table) falls on every kind and
@@ -52,6 +55,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
@@ -266,35 +270,42 @@ class LeakConfig:
     reply_tokens: int = 96
     seed: int = 0
     template: str = CHATML  # the prompts' frame, with {request}
+    fetch_concurrency: int = 1  # decoy replies fetched at once (untimed)
 
 
 def run_leak(client: Client, cfg: LeakConfig, log=print) -> list[LeakResult]:
-    """The victim's request, the decoys' replies, then both conditions (see the module docstring)."""
+    """The decoys' replies, then per pair the victim's request and the pair's four
+    probes (see the module docstring)."""
     rng = random.Random(cfg.seed)
-    secret = secret_text(rng, cfg.template)
-    victim_reply = client.reply(secret, cfg.victim_key, cfg.victim_salt, cfg.reply_tokens)
-    if len(victim_reply.split()) < 8:
-        raise RuntimeError(f"the victim's reply of {cfg.reply_tokens} tokens has {len(victim_reply.split())} "
-                           f"words ({victim_reply[:80]!r}): no continuation to probe")
-    log(f"victim: a {len(secret.split())}-word secret prompt, a reply of {cfg.reply_tokens} tokens")
     schedule = pair_schedule(cfg.probes, rng)
-    decoys = {}
+    secrets = {i: secret_text(rng, cfg.template) for i, _, _ in schedule}
+    jobs = []
     for i, _, fraction in schedule:
         for condition in CONDITIONS:  # one each: a store shared by mistake must not serve one from the other
-            prompt = secret_text(rng, cfg.template)
             # its reply as far as its probe's prompt carries it (no further: a store shared
             # by mistake would then draft nothing of what the control decodes), in a
             # namespace nobody probes, in the pairs' order (the first probed, the longest ago)
-            salt = f"decoy-{cfg.seed}-{i}-{condition[0]}"
-            decoys[i, condition] = prompt + client.reply(prompt, cfg.attacker_key, salt,
-                                                         max(1, round(cfg.reply_tokens * fraction)))
+            jobs.append(((i, condition), secret_text(rng, cfg.template), f"decoy-{cfg.seed}-{i}-{condition[0]}",
+                         max(1, round(cfg.reply_tokens * fraction))))
+
+    def fetch(job):
+        _, prompt, salt, tokens = job
+        return prompt + client.reply(prompt, cfg.attacker_key, salt, tokens)
+
+    # untimed, so several at once where asked (the engine batches them)
+    with ThreadPoolExecutor(max(1, cfg.fetch_concurrency)) as pool:
+        decoys = dict(zip((job[0] for job in jobs), pool.map(fetch, jobs)))
     log(f"{len(decoys)} decoys and their replies fetched")
     results = {condition: LeakResult(condition) for condition in CONDITIONS}
     for n, (i, probes, fraction) in enumerate(schedule):
-        # the victim asks again (one token): its prompt is the cache's most recently used
-        client.reply(secret, cfg.victim_key, cfg.victim_salt, 1)
+        # the victim's request, right before the pair: its prompt is the prefix cache's
+        # most recently used entry, its reply the history's newest
+        reply = client.reply(secrets[i], cfg.victim_key, cfg.victim_salt, cfg.reply_tokens)
+        if len(reply.split()) < 8:
+            raise RuntimeError(f"a victim's reply of {cfg.reply_tokens} tokens has {len(reply.split())} "
+                               f"words ({reply[:80]!r}): no continuation to probe")
         for condition, kind in probes:
-            prompt = secret + cut(victim_reply, fraction) if kind == "true" else decoys[i, condition]
+            prompt = secrets[i] + cut(reply, fraction) if kind == "true" else decoys[i, condition]
             if condition == "same namespace":
                 key, salt = cfg.victim_key, cfg.victim_salt
             else:
