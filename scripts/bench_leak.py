@@ -43,8 +43,8 @@ def main() -> int:
     ap.add_argument("--speculative-config", default="default",
                     help="for the started server (default: the server's own default)")
     ap.add_argument("--server-args", default="", help="more `dspark serve` arguments for the started server")
-    ap.add_argument("--out", help="write the probes and AUCs as JSON here (and the started server's log beside it, "
-                                  "as .server.log)")
+    ap.add_argument("--out", help="write the probes and AUCs as JSON here (beside it: the server's /metrics at the "
+                                  "end as .metrics.txt, the started server's log as .server.log)")
     args = ap.parse_args()
     if args.probes < 5 or args.probe_tokens < 4 or args.reply_tokens < 8:
         ap.error("need --probes >= 5, --probe-tokens >= 4 and --reply-tokens >= 8")
@@ -55,7 +55,7 @@ def main() -> int:
     cfg = LeakConfig(args.victim_key, args.attacker_key, args.victim_salt, args.probes, args.probe_tokens,
                      args.reply_tokens, args.seed, args.template, args.fetch_concurrency)
     if args.base_url:
-        return report(args, run(args.base_url, cfg))
+        return report(args, run(args.base_url, cfg, args.out))
     with tempfile.TemporaryDirectory() as tmp:
         keys = Path(tmp) / "keys.txt"
         keys.write_text(f"{args.victim_key} victim\n{args.attacker_key} attacker\n")
@@ -66,13 +66,18 @@ def main() -> int:
                                     *shlex.split(args.server_args)])
         log = Path(args.out).with_suffix(".server.log") if args.out else Path(tmp) / "server.log"
         with ServerProcess(cmd, url, log):
-            return report(args, run(url, cfg))
+            return report(args, run(url, cfg, args.out))
 
 
-def run(url: str, cfg: LeakConfig):
+def run(url: str, cfg: LeakConfig, out: str | None = None):
     client = Client(url)
     try:
-        return run_leak(client, cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+        results = run_leak(client, cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+        if out:  # the server's state at the end (its step-time prices, governors, counters), for the record
+            r = client.http.get(client.url + "/metrics", headers={"Authorization": f"Bearer {cfg.victim_key}"})
+            if r.status_code == 200:
+                Path(out).with_suffix(".metrics.txt").write_text(r.text)
+        return results
     finally:
         client.close()
 
