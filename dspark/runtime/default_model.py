@@ -15,7 +15,6 @@ from dspark.errors import UserError
 
 from .cache import cache_root
 from .gguf_model import gguf_model_dir
-from .quantized import QUANTIZED_NOTE
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,6 +39,8 @@ def _gguf_path() -> Path:
 
 def default_model_dir() -> Path:
     """Return the cached HF directory of the default model, converting it on first use."""
+    from .quantized import QUANTIZED_NOTE  # torch: not at import (the load generator imports this module)
+
     out = cache_root() / "models" / DEFAULT_MODEL_NAME
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file() \
             and (out / QUANTIZED_NOTE).is_file():
