@@ -29,8 +29,6 @@ from pathlib import Path
 
 from dspark.errors import UserError
 
-from .protocol import APIError, bad_request
-
 #: long enough for any identifier, short enough that hashing it costs nothing worth measuring
 MAX_SALT_CHARS = 1024
 SALT_HEADER = "x-cache-salt"
@@ -114,6 +112,8 @@ class Tenants:
             if hmac.compare_digest(digest, key_digest) and scheme.lower() == "bearer":
                 found = tenant
         if found is None:
+            from .protocol import APIError  # torch-free at import: `dspark bench` builds this CLI
+
             raise APIError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
                            "authentication_error", None, "invalid_api_key")
         return found
@@ -141,6 +141,8 @@ def cache_salt(body: Mapping, headers: Mapping[str, str]) -> str | None:
 
 
 def _checked(salt: object, where: str) -> str:
+    from .protocol import bad_request  # torch-free at import: `dspark bench` builds this CLI
+
     if not isinstance(salt, str):
         raise bad_request(f"'{where}' must be a string (non-empty, at most {MAX_SALT_CHARS} characters), "
                           f"got {type(salt).__name__}", SALT_FIELD, "invalid_cache_salt")
