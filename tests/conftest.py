@@ -64,20 +64,23 @@ def default_target_gguf(default_target):
     return default_target
 
 
-def make_tiny_hf_model(kind: str, path, seed: int = 0, tie: bool = False):
-    """Write a tiny random HF model of `kind` (llama/qwen2/qwen3) to `path`; returns the HF model."""
+def make_tiny_hf_model(kind: str, path, seed: int = 0, tie: bool = False, head_dim: int = 16, **sizes):
+    """Write a tiny random HF model of `kind` (llama/qwen2/qwen3) to `path`; returns the HF
+    model. `sizes`: config fields other than the defaults below (hidden_size, ...);
+    `head_dim`: Qwen3's."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     torch.manual_seed(seed)
     common = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   tie_word_embeddings=tie, rms_norm_eps=1e-6)
+    common.update(sizes)
     if kind == "llama":
         cfg = LlamaConfig(**common, rope_theta=10000.0)
     elif kind == "qwen2":
         cfg = Qwen2Config(**common, rope_theta=1000000.0)
     elif kind == "qwen3":
-        cfg = Qwen3Config(**common, head_dim=16, rope_theta=1000000.0)
+        cfg = Qwen3Config(**common, head_dim=head_dim, rope_theta=1000000.0)
     else:
         raise ValueError(kind)
     model = AutoModelForCausalLM.from_config(cfg).float().eval()

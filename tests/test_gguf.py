@@ -33,10 +33,8 @@ def _llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(hf, kind: str, path, qtype=None, arch: str | None = None) -> None:
-    cfg = hf.config
-    arch = arch or kind
-    w = gguf.GGUFWriter(str(path), arch)
+def write_header(w, cfg, kind: str) -> None:
+    """A tiny model's hyper-parameters and tokenizer (byte-level BPE, ChatML) into a GGUF writer."""
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
@@ -58,6 +56,13 @@ def write_tiny_gguf(hf, kind: str, path, qtype=None, arch: str | None = None) ->
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_chat_template(CHATML)
+
+
+def write_tiny_gguf(hf, kind: str, path, qtype=None, arch: str | None = None) -> None:
+    cfg = hf.config
+    arch = arch or kind
+    w = gguf.GGUFWriter(str(path), arch)
+    write_header(w, cfg, kind)
     sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
 
     def put(name: str, a: np.ndarray) -> None:

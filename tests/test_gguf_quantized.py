@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import make_tiny_hf_model
 from dspark.runtime import cpu_kernels
 from dspark.runtime.loader import load_transformer
 from dspark.runtime.quantized import QuantError
-from test_gguf import CHATML, SPECIAL, _llama_permute, _vocab
+from test_gguf import _llama_permute, write_header
 from test_loading import _logits
 from test_quant_kernels import random_blocks
 
@@ -33,50 +34,15 @@ IDS = [3, 17, 5, 99, 42, 8, 64, 11, 23]
 
 
 def tiny_hf(kind: str, path, tie: bool):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
-
-    torch.manual_seed(0)
-    common = dict(vocab_size=101, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=tie, rms_norm_eps=1e-6)
-    cfg = {"llama": lambda: LlamaConfig(**common, rope_theta=10000.0),
-           "qwen2": lambda: Qwen2Config(**common, rope_theta=1000000.0),
-           "qwen3": lambda: Qwen3Config(**common, head_dim=64, rope_theta=1000000.0)}[kind]()
-    model = AutoModelForCausalLM.from_config(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-    model.save_pretrained(str(path), safe_serialization=True)
-    return model
+    """A tiny random model whose rows are whole K-type blocks (256)."""
+    return make_tiny_hf_model(kind, path, tie=tie, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                              head_dim=64)
 
 
 def write_mixed_gguf(hf, kind: str, path, mix: dict[str, str], make_blocks=random_blocks) -> None:
     cfg = hf.config
     w = gguf.GGUFWriter(str(path), kind)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta if hasattr(cfg, "rope_theta") else cfg.rope_parameters["rope_theta"])
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_vocab_size(cfg.vocab_size)
-    tokens, merges = _vocab()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if kind != "llama" else "default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_chat_template(CHATML)
+    write_header(w, cfg, kind)
     sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
     seed = iter(range(1000))
 
