@@ -222,32 +222,38 @@ static inline __attribute__((always_inline)) T512 void fused512(int type, const 
 /* Whether a type has a fused path (the repacked ones). */
 static int fused_type(int type) { return type > R_OFF; }
 
-/* Columns [c, c + nc) of one segment for M (1 or 2) rows: 8 (one row) or 4 (two rows)
- * columns at a time, then one at a time. */
+/* One call of a fused kernel (KERNEL: fused512 or fused256) with the type a compile-time
+ * constant, so each type's unit is inlined into its own loop. */
+#define FUSED_TYPES(KERNEL, mr, n)                                                                   \
+    switch (type) {                                                                                 \
+        case R_Q4_0: KERNEL(R_Q4_0, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        case R_Q4_1: KERNEL(R_Q4_1, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        case R_Q5_0: KERNEL(R_Q5_0, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        case R_Q5_1: KERNEL(R_Q5_1, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        case R_Q8_0: KERNEL(R_Q8_0, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        case R_Q4_K: KERNEL(R_Q4_K, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        case R_Q5_K: KERNEL(R_Q5_K, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        default: KERNEL(R_Q6_K, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;         \
+    }
+
+/* Columns [c, c + nc) of one segment for M (1 or 2) rows, `wide` columns at a time (the
+ * widest the registers hold: AVX-512 8 for one row and 4 for two, AVX2 half that),
+ * then one at a time. */
+#define FUSED_COLS(KERNEL, W1, W2)                                                                  \
+    const int wide = M == 1 ? W1 : W2;                                                              \
+    int64_t j = 0;                                                                                  \
+    for (; j + wide <= nc; j += wide) {                                                             \
+        const float *b = bias ? bias + j : 0;                                                       \
+        if (M == 1) { FUSED_TYPES(KERNEL, 1, W1) } else { FUSED_TYPES(KERNEL, 2, W2) }              \
+    }                                                                                               \
+    for (; j < nc; j++) {                                                                           \
+        const float *b = bias ? bias + j : 0;                                                       \
+        if (M == 1) { FUSED_TYPES(KERNEL, 1, 1) } else { FUSED_TYPES(KERNEL, 2, 1) }                \
+    }
+
 static T512 void fused_cols(int type, const float *x, int64_t M, int64_t K, const uint8_t *data, int64_t rb,
                             int64_t c, int64_t nc, float *y, int64_t ldy, const float *bias) {
-    const int wide = M == 1 ? 8 : 4;
-    int64_t j = 0;
-#define F(t, mr, n) fused512(t, x, K, data + (c + j) * rb, rb, y + j, ldy, bias ? bias + j : 0, mr, n)
-#define TYPES(mr, n)                                                   \
-    switch (type) {                                                    \
-        case R_Q4_0: F(R_Q4_0, mr, n); break;                          \
-        case R_Q4_1: F(R_Q4_1, mr, n); break;                          \
-        case R_Q5_0: F(R_Q5_0, mr, n); break;                          \
-        case R_Q5_1: F(R_Q5_1, mr, n); break;                          \
-        case R_Q8_0: F(R_Q8_0, mr, n); break;                          \
-        case R_Q4_K: F(R_Q4_K, mr, n); break;                          \
-        case R_Q5_K: F(R_Q5_K, mr, n); break;                          \
-        default: F(R_Q6_K, mr, n); break;                              \
-    }
-    for (; j + wide <= nc; j += wide) {
-        if (M == 1) { TYPES(1, 8) } else { TYPES(2, 4) }
-    }
-    for (; j < nc; j++) {
-        if (M == 1) { TYPES(1, 1) } else { TYPES(2, 1) }
-    }
-#undef TYPES
-#undef F
+    FUSED_COLS(fused512, 8, 4)
 }
 
 /* The AVX2 decode: MR (1 or 2) rows against NC rows of W, each output's lanes 0-7 and
@@ -286,28 +292,7 @@ static inline __attribute__((always_inline)) void fused256(int type, const float
 
 static void fused_cols256(int type, const float *x, int64_t M, int64_t K, const uint8_t *data, int64_t rb,
                           int64_t c, int64_t nc, float *y, int64_t ldy, const float *bias) {
-    const int wide = M == 1 ? 4 : 2;
-    int64_t j = 0;
-#define F(t, mr, n) fused256(t, x, K, data + (c + j) * rb, rb, y + j, ldy, bias ? bias + j : 0, mr, n)
-#define TYPES(mr, n)                                                   \
-    switch (type) {                                                    \
-        case R_Q4_0: F(R_Q4_0, mr, n); break;                          \
-        case R_Q4_1: F(R_Q4_1, mr, n); break;                          \
-        case R_Q5_0: F(R_Q5_0, mr, n); break;                          \
-        case R_Q5_1: F(R_Q5_1, mr, n); break;                          \
-        case R_Q8_0: F(R_Q8_0, mr, n); break;                          \
-        case R_Q4_K: F(R_Q4_K, mr, n); break;                          \
-        case R_Q5_K: F(R_Q5_K, mr, n); break;                          \
-        default: F(R_Q6_K, mr, n); break;                              \
-    }
-    for (; j + wide <= nc; j += wide) {
-        if (M == 1) { TYPES(1, 4) } else { TYPES(2, 2) }
-    }
-    for (; j < nc; j++) {
-        if (M == 1) { TYPES(1, 1) } else { TYPES(2, 1) }
-    }
-#undef TYPES
-#undef F
+    FUSED_COLS(fused256, 4, 2)
 }
 
 /* 512: the AVX-512 micro-kernels, 256: AVX2; follows the bf16w kernel's choice. */
