@@ -3,7 +3,7 @@ another tenant sent or was answered?
 
 Before each of `probes` pairs, a victim tenant sends a secret prompt of its own (a
 request for a story with random names and things, in the model's chat format: about
-90 tokens) and receives a greedy reply of `reply_tokens` (96); its prompt is now the
+85 tokens) and receives a greedy reply of `reply_tokens` (96); its prompt is now the
 prefix cache's most recently used entry and its reply the reply history's newest, both
 under the victim's namespace. The pair is then probed in two conditions: across
 namespaces (the attacker's own key, a fresh salt per probe, so that its probes do not
@@ -71,7 +71,7 @@ COUNTERS = {"prefix_hit_tokens": "prefix_cache_hits_total",
             "draft_tokens": "spec_decode_num_draft_tokens_total",
             "accepted_tokens": "spec_decode_num_accepted_tokens_total"}
 
-#: what the secret and decoy openings are drawn from: ordinary English, so that the
+#: what the secret and decoy requests are drawn from: ordinary English, so that the
 #: model's replies are ordinary, varied text
 WORDS = ("river mountain garden letter window morning silver orange quiet forest harbor teacher market "
          "winter lantern village candle bridge summer meadow pocket thunder basket castle mirror planet "
@@ -154,7 +154,7 @@ PLAIN = "{request}"
 
 def secret_text(rng: random.Random, template: str = CHATML) -> str:
     """A request for a story with random names, trades and things, in `template` (about
-    90 tokens with the default model's chat format, 55 of them the request's own): the
+    85 tokens with the default model's chat format, 55 of them the request's own): the
     secret and the decoys alike, so that they are matched."""
     w = lambda: rng.choice(WORDS)  # noqa: E731
     name, friend = rng.sample(NAMES, 2)
