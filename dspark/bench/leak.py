@@ -25,7 +25,9 @@ What makes the control see a leak where there is one:
 - a secret per pair, sent right before it: the victim's entry is the prefix cache's
   most recently used however many probes and decoys came before (the LRU order is
   global; a pair then stores at most four prompts before its last probe, and the
-  default 64 MiB keeps about eight of these), and the true probes are as varied as
+  default 64 MiB keeps about eight of these by our estimate of the default model's
+  keys, values and taps per token: each probe's prefix-hit counter says whether it
+  held), and the true probes are as varied as
   the controls (with one secret for all, every true probe decoded the same text, and
   how well the drafter guessed that one text told it from the controls across
   namespaces, AUC 0.68 on tokens per chunk, with no store involved);
