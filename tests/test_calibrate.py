@@ -94,7 +94,8 @@ def test_calibrate_cli_on_a_tiny_drafter(tiny_dir, tiny_target, tiny_data, train
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     cal = json.loads((out / "calibration.json").read_text())
-    assert len(cal["temperatures"]) == 4 and all(t > 0 for t in cal["temperatures"])
+    # one temperature per drafted position: the recipe's DSpark drafts 5 from its block of 5
+    assert len(cal["temperatures"]) == 5 and all(t > 0 for t in cal["temperatures"])
     assert cal["after"]["ece"] <= cal["before"]["ece"] + 1e-9
     assert report["temperatures"] == cal["temperatures"]
     assert (out / "reliability.png").is_file()
