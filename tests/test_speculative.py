@@ -362,4 +362,6 @@ def test_quantized_file_speculative_equals_plain_with_chunked_prompts(default_ta
     seqs = engine.generate(prompts, SamplingParams(max_tokens=24))
     for p, seq, ref in zip(ALL_PROMPTS, seqs, refs):
         assert seq.output_ids == ref, (preset, p)
-    assert engine.total_stats().rounds > 0
+    # the default's governor may decode plainly where this machine's step-time curve says
+    # speculation does not pay; the hybrid and lookup always speculate
+    assert preset == "default" or engine.total_stats().rounds > 0
