@@ -50,18 +50,22 @@ BF16X_PRECISIONS = ["bf16x"] if bf16x_available() else []
 
 @pytest.fixture(scope="session")
 def default_target():
-    """The default model in the runtime's default dtype: its file is a Q4_1 GGUF, which
-    `auto` serves as stored (the gguf precision)."""
+    """The default model in the runtime's default dtype (measured at load: bf16x or bf16w
+    on these CPUs)."""
     from dspark.runtime.target import Target
 
     return Target.load("default", device="cpu", max_len=1024)
 
 
 @pytest.fixture(scope="session")
-def default_target_gguf(default_target):
-    """The default model's Q4_1 file served as stored (what `auto` picks for it)."""
-    assert default_target.precision == "gguf"
-    return default_target
+def default_target_gguf():
+    """The default model's Q4_1 file served as stored (the gguf precision: what `auto`
+    picks for a user's quantized file)."""
+    from dspark.runtime.target import Target
+
+    target = Target.load("default", dtype="gguf", device="cpu", max_len=1024)
+    assert target.precision == "gguf"
+    return target
 
 
 def make_tiny_hf_model(kind: str, path, seed: int = 0, tie: bool = False, head_dim: int = 16, **sizes):
