@@ -53,9 +53,9 @@ def resolve_model_path(model: str | None) -> Path:
 def _is_embedded_default(path: Path) -> bool:
     """The embedded default model's own checkpoint. Its weights ship as a Q4_1 file only
     to fit a package; `auto` keeps measuring its precision (bf16x where the CPU has it:
-    on a 2-core avx512_bf16 EPYC, engine alone at one request, plain decoding 1.20-1.25x
-    and the default configuration 1.26-1.37x the gguf precision's speed, whose
-    multi-row steps and prefill run fp32 products). `--dtype gguf` serves its file as
+    on a 2-core avx512_bf16 EPYC, engine alone at one request, plain decoding 1.24x
+    [1.20-1.30] and the default configuration 1.33x the gguf precision's speed, whose
+    multi-row steps and prefill run fp32 products: docs/journal.md). `--dtype gguf` serves its file as
     stored; another file of it (`--model FILE.gguf`) is a user's file."""
     from .cache import cache_root
     from .default_model import DEFAULT_MODEL_NAME
