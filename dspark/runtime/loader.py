@@ -197,7 +197,8 @@ def load_transformer(
         matrices = model_matrices(cfg, read_quantized(path))
         use_quantized_weights(model, matrices)
         if log is not None:
-            log(f"dtype gguf: the file's blocks as stored, fp32 compute ({describe(matrices)})")
+            log(f"dtype gguf: the file's blocks as stored, fp32 compute ({describe(matrices)}); "
+                "--dtype bf16x or bf16w trade the file's exact weights for speed (docs/how-it-works.md)")
     elif precision in ("bf16w", "bf16x"):
         use_bf16_weights(model, panels, kind=precision)
     elif f32_panels:
