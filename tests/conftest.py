@@ -68,6 +68,16 @@ def default_target_gguf():
     return target
 
 
+@pytest.fixture(scope="session")
+def default_target_q8x():
+    """The default model's Q4_1 file with int8 activations (the q8x precision)."""
+    from dspark.runtime.target import Target
+
+    target = Target.load("default", dtype="q8x", device="cpu", max_len=1024)
+    assert target.precision == "q8x"
+    return target
+
+
 def make_tiny_hf_model(kind: str, path, seed: int = 0, tie: bool = False, head_dim: int = 16, **sizes):
     """Write a tiny random HF model of `kind` (llama/qwen2/qwen3) to `path`; returns the HF
     model. `sizes`: config fields other than the defaults below (hidden_size, ...);

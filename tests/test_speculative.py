@@ -92,11 +92,11 @@ def _plain_reference(target: Target, prompts: list[list[int]], max_tokens: int) 
     return [generate_plain(target, p, SamplingParams(max_tokens=max_tokens)).token_ids for p in prompts]
 
 
-@pytest.fixture(scope="module", params=["fp32", "bf16w", *BF16X_PRECISIONS, "gguf"])
+@pytest.fixture(scope="module", params=["fp32", "bf16w", *BF16X_PRECISIONS, "gguf", "q8x"])
 def greedy_case(request):
     """The default model in each batch-invariant CPU precision (fp32, bf16w, bf16x where
-    the CPU has AMX or avx512_bf16, and gguf: its Q4_1 file's blocks as stored), with
-    plain greedy references decoded in that precision."""
+    the CPU has AMX or avx512_bf16, gguf: its Q4_1 file's blocks as stored, and q8x: the
+    same with int8 activations), with plain greedy references decoded in that precision."""
     target = request.getfixturevalue(f"default_target_{request.param}")
     prompts = [target.tokenizer.chat_prompt(p) for p in ALL_PROMPTS]
     refs = _plain_reference(target, prompts, 24)

@@ -44,7 +44,7 @@ from .machine import cpu_flags  # noqa: F401
 
 _SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_f32w.c",
                                                                   "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c",
-                                                                  "decoder_f32.c", "select_f32.c", "gemm_quant.c",
+                                                                  "decoder_f32.c", "select_f32.c", "gemm_quant.c", "gemm_q8x.c",
                                                                   "quant_repack.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]

@@ -15,8 +15,8 @@ from safetensors import safe_open
 from dspark.errors import UserError
 
 from .config import ConfigError, ModelConfig
-from .precision import (_ALIASES, _COMPUTE, FP32_NOT_INVARIANT_NOTE, NOT_INVARIANT_WARNING, _gguf_runs,
-                        cached_choose_precision, device_is_cpu, fp32_rows_invariant, parse_precision)
+from .precision import (_ALIASES, _COMPUTE, FP32_NOT_INVARIANT_NOTE, NOT_INVARIANT_WARNING, QUANTIZED_PRECISIONS,
+                        _gguf_runs, cached_choose_precision, device_is_cpu, fp32_rows_invariant, parse_precision)
 from .model import Transformer
 from .weight_formats import (native_panels, pack_cpu_bf16_linears, skip_weight_init, use_bf16_weights, use_f32_panels,
                              use_quantized_weights)
@@ -143,7 +143,7 @@ def load_transformer(
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
     precision = dtype if isinstance(dtype, str) else {v: k for k, v in _COMPUTE.items()
-                                                      if k not in ("bf16w", "bf16x", "gguf")}[dtype]
+                                                      if k not in ("bf16w", "bf16x", *QUANTIZED_PRECISIONS)}[dtype]
     asked = precision
     precision = parse_precision(precision, device)
     if _ALIASES.get(asked, asked) == "bf16" and precision != "bf16" and log is not None:
@@ -151,15 +151,15 @@ def load_transformer(
             "bf16 matmuls would let a token's logits depend on what shares its step)")
     from .quantized import describe, has_quantized, model_matrices, read_quantized
 
-    quantized = precision in ("auto", "gguf") and device_is_cpu(device) and has_quantized(path)
+    quantized = precision in ("auto", *QUANTIZED_PRECISIONS) and device_is_cpu(device) and has_quantized(path)
     if precision == "auto" and quantized and _gguf_runs() and not _is_embedded_default(path):
         precision = "gguf"  # a user's quantized file is served as stored, never rounded to another type
     elif precision == "auto":
         precision, line = cached_choose_precision(cfg)
         if log is not None:
             log(line)
-    if precision == "gguf" and not quantized:
-        raise ModelLoadError(f"--dtype gguf serves a quantized GGUF file's blocks; {path} was not made from one "
+    if precision in QUANTIZED_PRECISIONS and not quantized:
+        raise ModelLoadError(f"--dtype {precision} serves a quantized GGUF file's blocks; {path} was not made from one "
                              "(pass the .gguf file as --model, or choose another --dtype)")
     elif precision == "bf16" and torch.device(device).type == "cpu" and log is not None:
         log(NOT_INVARIANT_WARNING)
@@ -170,7 +170,8 @@ def load_transformer(
     if precision == "fp32" and device.type == "cpu" and not f32_panels and log is not None \
             and not fp32_rows_invariant(cfg.hidden_size):
         log(FP32_NOT_INVARIANT_NOTE)
-    cache_file = prepared_path(path, precision) if device.type == "cpu" and precision != "gguf" else None
+    cache_file = prepared_path(path, precision) if device.type == "cpu" and precision not in QUANTIZED_PRECISIONS \
+        else None
     tensors = load_prepared(cache_file)
     fresh = tensors is None
     if fresh:
@@ -193,12 +194,16 @@ def load_transformer(
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    if precision == "gguf":
-        matrices = model_matrices(cfg, read_quantized(path))
+    if precision in QUANTIZED_PRECISIONS:
+        matrices = model_matrices(cfg, read_quantized(path), int8_activations=precision == "q8x")
         use_quantized_weights(model, matrices)
-        if log is not None:
+        if log is not None and precision == "gguf":
             log(f"dtype gguf: the file's blocks as stored, fp32 compute ({describe(matrices)}); "
-                "--dtype bf16x or bf16w trade the file's exact weights for speed (docs/how-it-works.md)")
+                "--dtype q8x (int8 activations, as llama.cpp), bf16x or bf16w trade exactness to the file's "
+                "model for speed (docs/how-it-works.md)")
+        elif log is not None:
+            log(f"dtype q8x: the file's blocks as stored, activations quantized to int8 per 32 "
+                f"({describe(matrices)}); batch-invariant: speculation gives exactly q8x's plain output")
     elif precision in ("bf16w", "bf16x"):
         use_bf16_weights(model, panels, kind=precision)
     elif f32_panels:

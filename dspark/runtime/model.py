@@ -295,9 +295,10 @@ class Transformer(nn.Module):
     def precision(self) -> str:
         """bf16, fp16, fp32, bf16w (bf16 weights, fp32 compute), bf16x (bf16 weights,
         matmul inputs rounded to bf16, fp32 accumulation and everything else fp32) or
-        gguf (a GGUF file's blocks as stored, fp32 compute)."""
+        gguf (a GGUF file's blocks as stored, fp32 compute) or q8x (the same blocks,
+        int8 activations)."""
         if weight_kind(self.layers[0].qkv_proj) == "q":
-            return "gguf"
+            return "q8x" if self.layers[0].qkv_proj.forward.packed.int8_activations else "gguf"
         if self.embed_tokens.weight.dtype == torch.bfloat16 and self.dtype == torch.float32:
             return "bf16x" if weight_kind(self.layers[0].qkv_proj) == "bf16x" else "bf16w"
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")

@@ -15,11 +15,14 @@ from .config import ModelConfig
 
 #: what `--dtype` accepts besides auto: bf16w = bf16 weights, fp32 compute (native kernel);
 #: bf16x = bf16 weights, matmul inputs rounded to bf16 (AMX or avx512_bf16 kernels);
-#: gguf = a quantized GGUF file's blocks as stored, fp32 compute (`quantized`)
-PRECISIONS = ("bf16", "fp16", "fp32", "bf16w", "bf16x", "gguf")
+#: gguf = a quantized GGUF file's blocks as stored, fp32 compute (`quantized`);
+#: q8x = the same blocks, activations quantized to int8 per 32 (as llama.cpp computes)
+PRECISIONS = ("bf16", "fp16", "fp32", "bf16w", "bf16x", "gguf", "q8x")
+#: the precisions that read a quantized file's blocks
+QUANTIZED_PRECISIONS = ("gguf", "q8x")
 _ALIASES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 _COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "bf16w": torch.float32,
-            "bf16x": torch.float32, "gguf": torch.float32}
+            "bf16x": torch.float32, "gguf": torch.float32, "q8x": torch.float32}
 
 
 def cpu_has_bf16() -> bool:
@@ -39,13 +42,13 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
     if p not in PRECISIONS:
         raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(PRECISIONS)}")
     cpu = torch.device(device).type == "cpu"
-    if p == "gguf":
+    if p in QUANTIZED_PRECISIONS:
         from . import cpu_kernels
 
         if not cpu:
-            raise ValueError("--dtype gguf is a CPU precision (a GGUF file's blocks through the native kernel)")
+            raise ValueError(f"--dtype {p} is a CPU precision (a GGUF file's blocks through the native kernel)")
         if not cpu_kernels.available():
-            raise ValueError(f"--dtype gguf needs the native CPU kernels: {cpu_kernels.why_unavailable()}")
+            raise ValueError(f"--dtype {p} needs the native CPU kernels: {cpu_kernels.why_unavailable()}")
     if p == "bf16" and cpu:
         # oneDNN's bf16 matmuls choose their blocking by shape: speculative output would
         # differ from plain output (on an avx512_bf16 EPYC, in 8 of 14 served replies).
@@ -81,7 +84,7 @@ def parse_precision(name: str | None, device: torch.device | str) -> str:
 #: run does it fall back to torch's matmuls, which are batch-invariant on some CPUs and
 #: not on others (a 2-core AVX2 EPYC: not), and a load then says so
 #: (`fp32_rows_invariant`).
-BATCH_INVARIANT_CPU = ("bf16w", "bf16x", "fp32", "gguf")
+BATCH_INVARIANT_CPU = ("bf16w", "bf16x", "fp32", "gguf", "q8x")
 
 #: the precisions `auto` measures against each other (gguf is not measured: a quantized
 #: file is served as stored)

@@ -44,6 +44,8 @@ BLOCKS = {"F32": (32, 128), "F16": (32, 64), "BF16": (32, 64), "Q4_0": (32, 18),
           "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
           "Q6_K": (256, 210)}
 QUANTIZED_TYPES = tuple(t for t in TYPES if t not in ("F32", "F16", "BF16"))
+#: a repacked type's id plus this: the same bytes read with int8 activations (quant_units.h X_OFF - R_OFF)
+_Q8X_OFFSET = 100
 
 #: GGUF tensor names of a layer's linears -> the Hugging Face names
 _LAYER_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -78,10 +80,14 @@ class QuantMatrix:
     """A weight [N, K] from a file's blocks: `segments` of (type name, uint8 [rows, row
     bytes] in the layout the kernel reads: repacked once here, see kernels/gemm_quant.c),
     stacked by rows. `data`: the kernel's descriptor (int64: segments, then per segment
-    type, rows, row bytes, address), valid while this object lives."""
+    type, rows, row bytes, address), valid while this object lives. `int8_activations`:
+    the `q8x` precision (kernels/gemm_q8x.c): the same blocks, the activations quantized
+    to int8 per 32 (the descriptor's types say so; float segments compute as in gguf)."""
 
-    def __init__(self, segments: list[tuple[str, torch.Tensor]], in_features: int) -> None:
+    def __init__(self, segments: list[tuple[str, torch.Tensor]], in_features: int,
+                 int8_activations: bool = False) -> None:
         lib = _lib()
+        self.int8_activations = int8_activations
         desc = [len(segments)]
         self.segments = []
         for name, blocks in segments:
@@ -101,6 +107,8 @@ class QuantMatrix:
                 lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], blocks.shape[0],
                                         in_features, packed.data_ptr())
             self.segments.append((name, packed))
+            if int8_activations and name in QUANTIZED_TYPES:
+                kind += _Q8X_OFFSET
             desc += [kind, packed.shape[0], packed.shape[1], packed.data_ptr()]
         self.data = torch.tensor(desc, dtype=torch.int64)
         self.in_features = in_features
@@ -248,24 +256,30 @@ def ensure_quantized(gguf: Path, out_dir: Path) -> None:
     os.replace(tmp, note)
 
 
-def model_matrices(cfg, tensors: dict[str, tuple[str, torch.Tensor]]) -> dict[str, QuantMatrix]:
-    """The runtime's linears (fused q|k|v and gate|up) as QuantMatrix, by module name."""
+def model_matrices(cfg, tensors: dict[str, tuple[str, torch.Tensor]], int8_activations: bool = False
+                   ) -> dict[str, QuantMatrix]:
+    """The runtime's linears (fused q|k|v and gate|up) as QuantMatrix, by module name
+    (`int8_activations`: the q8x precision)."""
     def seg(name: str) -> tuple[str, torch.Tensor]:
         if name not in tensors:
             raise QuantError(f"{QUANTIZED_FILE} has no {name}")
         return tensors[name]
 
+    def mat(segments, k):
+        return QuantMatrix(segments, k, int8_activations)
+
     k = cfg.hidden_size
     out = {}
     for i in range(cfg.num_layers):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        out[f"layers.{i}.qkv_proj"] = QuantMatrix([seg(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj")], k)
-        out[f"layers.{i}.o_proj"] = QuantMatrix([seg(a + "o_proj.weight")], cfg.num_heads * cfg.head_dim)
-        out[f"layers.{i}.gate_up_proj"] = QuantMatrix([seg(m + "gate_proj.weight"), seg(m + "up_proj.weight")], k)
-        out[f"layers.{i}.down_proj"] = QuantMatrix([seg(m + "down_proj.weight")], cfg.intermediate_size)
+        out[f"layers.{i}.qkv_proj"] = mat([seg(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj")], k)
+        out[f"layers.{i}.o_proj"] = mat([seg(a + "o_proj.weight")], cfg.num_heads * cfg.head_dim)
+        out[f"layers.{i}.gate_up_proj"] = mat([seg(m + "gate_proj.weight"), seg(m + "up_proj.weight")], k)
+        out[f"layers.{i}.down_proj"] = mat([seg(m + "down_proj.weight")], cfg.intermediate_size)
     head = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
-    out["lm_head"] = QuantMatrix([seg(head)], k)
+    out["lm_head"] = mat([seg(head)], k)
     return out
+
 
 
 def describe(matrices: dict[str, QuantMatrix]) -> str:

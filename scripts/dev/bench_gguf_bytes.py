@@ -5,7 +5,7 @@ GB/s reached, and the fraction of a plain read of the same bytes; then, for each
 file given, engine-alone decode at one request (plain, 96 tokens, 3 prompts) with its
 bytes per token. Beside each: bf16x/bf16w over the same shapes.
 
-    python3 scripts/dev/bench_gguf_bytes.py [--files A.gguf B.gguf ...] [--threads 2]
+    python3 scripts/dev/bench_gguf_bytes.py [--files A.gguf B.gguf ...] [--dtypes gguf,q8x] [--threads 2]
 
 Prints one JSON object per line (type rows, then file rows), each with the commit and the
 CPU flags that matter.
@@ -53,7 +53,8 @@ def per_type(k: int, n: int, total: int, bw: float) -> list[dict]:
 
     rows = []
     x = torch.randn(1, k)
-    kinds = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "bf16w"] + (["bf16x"] if bf16x_kernel() else [])
+    quant = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+    kinds = [*quant, *(q + "/q8x" for q in quant), "bf16w"] + (["bf16x"] if bf16x_kernel() else [])
     for kind in kinds:
         if kind.startswith("bf16"):
             count = max(2, total // (2 * n * k))
@@ -63,9 +64,10 @@ def per_type(k: int, n: int, total: int, bw: float) -> list[dict]:
             call = [lambda p=p: fn(x, p) for p in packed]
             nbytes = 2 * n * k * count
         else:
-            probe = QuantMatrix([(kind, random_blocks(kind, 16, k))], k)
+            qtype, int8 = kind.removesuffix("/q8x"), kind.endswith("/q8x")
+            probe = QuantMatrix([(qtype, random_blocks(qtype, 16, k))], k)
             count = max(2, total // (probe.nbytes // 16 * n))
-            mats = [QuantMatrix([(kind, random_blocks(kind, n, k, seed=i))], k) for i in range(count)]
+            mats = [QuantMatrix([(qtype, random_blocks(qtype, n, k, seed=i))], k, int8) for i in range(count)]
             call = [lambda m=m: gemm_quant(x, m) for m in mats]
             nbytes = sum(m.nbytes for m in mats)
         best = 1e9
@@ -81,12 +83,12 @@ def per_type(k: int, n: int, total: int, bw: float) -> list[dict]:
     return rows
 
 
-def per_file(path: str, bw: float) -> dict:
+def per_file(path: str, bw: float, dtype: str) -> dict:
     from dspark.generate import generate_plain
     from dspark.runtime.target import Target
     from dspark.sampling import SamplingParams
 
-    target = Target.load(path, max_len=1024, log=lambda s: None)
+    target = Target.load(path, dtype=dtype, max_len=1024, log=lambda s: None)
     model = target.model
     nbytes = 0
     for mod in model.modules():
@@ -110,6 +112,7 @@ def per_file(path: str, bw: float) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", nargs="*", default=[])
+    ap.add_argument("--dtypes", default="auto", help="comma-separated precisions each file is decoded in")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mb", type=int, default=200, help="weights streamed per measurement (MB)")
     args = ap.parse_args()
@@ -120,7 +123,8 @@ def main() -> int:
     for row in per_type(1536, 3072, args.mb << 20, bw):  # rows whole blocks of 256 for the K-types
         print(json.dumps({**info, "shape": "3072x1536", **row}), flush=True)
     for f in args.files:
-        print(json.dumps({**info, **per_file(f, bw)}), flush=True)
+        for dtype in args.dtypes.split(","):
+            print(json.dumps({**info, **per_file(f, bw, dtype)}), flush=True)
     return 0
 
 

@@ -377,14 +377,29 @@ static void gemm_quant(const float *x, const int64_t *desc, const float *bias, f
     }
 }
 
+/* Whether a descriptor's segments are computed with int8 activations (gemm_q8x.c). */
+static int q8x_matrix(const int64_t *desc) {
+    for (int64_t s = 0; s < desc[0]; s++)
+        if (desc[1 + 4 * s] > X_OFF) return 1;
+    return 0;
+}
+
 void dspark_gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int threads) {
+    if (q8x_matrix(desc)) {
+        dspark_gemm_q8x(x, desc, bias, y, M, N, K, threads);
+        return;
+    }
     gemm_quant(x, desc, bias, y, M, N, K, threads, quant_isa());
 }
 
 /* The scalar reference: the same sequence per output, one element at a time. */
 void dspark_gemm_quant_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                            int64_t K) {
+    if (q8x_matrix(desc)) {
+        dspark_gemm_q8x_ref(x, desc, bias, y, M, N, K);
+        return;
+    }
     float *w = malloc((size_t)K * sizeof(float));
     int64_t n = 0;
     for (int64_t s = 0; s < desc[0] && w; s++) {

@@ -22,6 +22,11 @@ void dspark_silu_mul_f32(const float *gu, float *out, int64_t M, int64_t I, int 
 void dspark_rope_f32(float *x, int64_t row, const float *cos, const float *sin, int64_t N, int64_t heads,
                      int64_t D);
 
+/* The q8x precision (gemm_q8x.c): a descriptor whose segments are of X_OFF + type. */
+void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                     int threads);
+void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
+                         int64_t K);
 void dspark_gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int threads);
 

@@ -10,6 +10,7 @@
 
 int64_t dspark_quant_block(int type, int64_t *bytes) {
     int64_t b = 0, n = 32;
+    if (type > X_OFF) type += R_OFF - X_OFF;
     switch (type) {
         case GT_F32: b = 128; break;
         case GT_F16: case GT_BF16: b = 64; break;
@@ -231,6 +232,7 @@ static int dequant_isa = -1;
 void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
 
 void dspark_dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
+    if (type > X_OFF) type += R_OFF - X_OFF;
     const int isa = dequant_isa >= 0 ? dequant_isa : dspark_gemm_bf16w_isa();
     if (isa == 512) dq512(type, row, K, out);
     else if (isa == 256) dq256(type, row, K, out);

@@ -1,0 +1,82 @@
+"""The q8x precision's kernel (kernels/gemm_q8x.c): the file's blocks with the
+activations quantized to int8 per 32. Checked against an independent computation (the
+`gguf` package's weights times activations quantized here in numpy, in float64), bit for
+bit against its scalar reference, and a row's output against the same row computed with
+any other rows or thread count beside it."""
+
+import numpy as np
+import pytest
+import torch
+
+from dspark.runtime import cpu_kernels
+from dspark.runtime.quantized import BLOCKS, QUANTIZED_TYPES, TYPES, QuantMatrix, gemm_quant
+from test_quant_kernels import gguf_dequantize, random_blocks
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="native kernels unavailable")
+
+
+def quantized_activations(x: torch.Tensor) -> np.ndarray:
+    """x [M, K] -> the values q8x computes with: per block of 32, dx * round(x * 127 / max|x|)."""
+    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
+    a = np.abs(xb).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(a > 0, np.float32(127.0) / a, np.float32(0.0)).astype(np.float32)
+    q = np.rint((xb * inv).astype(np.float32))
+    assert np.abs(q).max() <= 127
+    dx = (a / np.float32(127.0)).astype(np.float32)
+    return (q.astype(np.float64) * dx.astype(np.float64)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES)
+def test_q8x_is_the_files_weights_times_int8_activations(qtype):
+    k = 512
+    blocks = random_blocks(qtype, 21, k, seed=5 + TYPES[qtype])
+    w = QuantMatrix([(qtype, blocks)], k, int8_activations=True)
+    gen = torch.Generator().manual_seed(TYPES[qtype])
+    x = torch.randn(6, k, generator=gen)
+    x[2, 64:96] = 0.0  # an all-zero block
+    bias = torch.randn(21, generator=gen)
+    got = gemm_quant(x, w, bias).double()
+    weights = gguf_dequantize(qtype, blocks, k).double()
+    want = torch.from_numpy(quantized_activations(x)) @ weights.T + bias.double()
+    scale = (torch.from_numpy(np.abs(quantized_activations(x))) @ weights.abs().T).max()
+    assert (got - want).abs().max() <= 1e-5 * scale
+    # and it is not the fp32 product (the activations really are quantized), though near it
+    exact = gemm_quant(x, QuantMatrix([(qtype, blocks)], k), bias).double()
+    assert not torch.equal(got, exact)
+    assert (got - exact).abs().max() <= 0.05 * scale
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES)
+def test_q8x_equals_its_reference_whatever_shares_the_call(qtype):
+    k = 256 if BLOCKS[qtype][0] == 256 else 96
+    w = QuantMatrix([(qtype, random_blocks(qtype, 37, k, seed=1 + TYPES[qtype]))], k, int8_activations=True)
+    gen = torch.Generator().manual_seed(TYPES[qtype])
+    x = torch.randn(16, k, generator=gen) * torch.rand(16, 1, generator=gen) * 10
+    bias = torch.randn(37, generator=gen)
+    ref = gemm_quant(x, w, bias, reference=True)
+    full = gemm_quant(x, w, bias)
+    assert torch.equal(full, ref)
+    for m in range(1, 16):
+        assert torch.equal(gemm_quant(x[m - 1:2 * m], w, bias), full[m - 1:2 * m]), m
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(gemm_quant(x, w, bias), full), threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_q8x_segments_of_several_types_and_a_float_one():
+    k = 512
+    parts = [("Q4_K", random_blocks("Q4_K", 24, k, 1)), ("Q6_K", random_blocks("Q6_K", 8, k, 2)),
+             ("F16", random_blocks("F16", 5, k, 4)), ("Q8_0", random_blocks("Q8_0", 13, k, 3))]
+    fused = QuantMatrix(parts, k, int8_activations=True)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(0))
+    got = gemm_quant(x, fused)
+    assert torch.equal(got, gemm_quant(x, fused, reference=True))
+    alone = [gemm_quant(x, QuantMatrix([p], k, int8_activations=True)) for p in parts]
+    assert got.shape == (5, 50) and torch.equal(got, torch.cat(alone, dim=1))
+    # a float segment computes as in the gguf precision (fp32 activations)
+    assert torch.equal(alone[2], gemm_quant(x, QuantMatrix([parts[2]], k)))
