@@ -80,3 +80,12 @@ def test_q8x_segments_of_several_types_and_a_float_one():
     assert got.shape == (5, 50) and torch.equal(got, torch.cat(alone, dim=1))
     # a float segment computes as in the gguf precision (fp32 activations)
     assert torch.equal(alone[2], gemm_quant(x, QuantMatrix([parts[2]], k)))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES)
+def test_q8x_panels_hold_the_files_weights(qtype):
+    """Rows that do not fill the last panel of 8 columns included."""
+    k = 256
+    blocks = random_blocks(qtype, 13, k, seed=30 + TYPES[qtype])
+    ours = QuantMatrix([(qtype, blocks)], k, int8_activations=True).dequantize()
+    assert torch.equal(ours.view(torch.int32), gguf_dequantize(qtype, blocks, k).view(torch.int32))

@@ -142,6 +142,13 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_quant_repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.c_void_p]
     lib.dspark_quant_repack.restype = None
+    lib.dspark_q8x_group_bytes.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.dspark_q8x_group_bytes.restype = ctypes.c_int64
+    lib.dspark_q8x_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                    ctypes.c_void_p]
+    lib.dspark_q8x_pack.restype = None
+    lib.dspark_q8x_dequant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.dspark_q8x_dequant.restype = None
     lib.dspark_quant_set_fused.argtypes = [ctypes.c_int]
     lib.dspark_quant_set_fused.restype = None
     lib.dspark_quant_set_dequant.argtypes = [ctypes.c_int]

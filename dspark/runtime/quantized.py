@@ -90,6 +90,7 @@ class QuantMatrix:
         self.int8_activations = int8_activations
         desc = [len(segments)]
         self.segments = []
+        self.rows = []
         for name, blocks in segments:
             if name not in TYPES:
                 raise QuantError(f"tensor type {name} is not one the gguf kernel reads ({', '.join(TYPES)})")
@@ -102,17 +103,23 @@ class QuantMatrix:
             kind = lib.dspark_quant_repacked_type(TYPES[name])
             row_bytes = ctypes.c_int64()
             lib.dspark_quant_block(kind, ctypes.byref(row_bytes))
-            packed = torch.empty(blocks.shape[0], in_features // per * row_bytes.value, dtype=torch.uint8)
-            if blocks.shape[0]:
-                lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], blocks.shape[0],
-                                        in_features, packed.data_ptr())
+            rows = blocks.shape[0]
+            packed = torch.empty(rows, in_features // per * row_bytes.value, dtype=torch.uint8)
+            if rows:
+                lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], rows, in_features,
+                                        packed.data_ptr())
+            if int8_activations and name in QUANTIZED_TYPES:  # q8x: panels of 8 columns (gemm_q8x.c)
+                group = lib.dspark_q8x_group_bytes(kind, in_features)
+                panel = torch.empty((rows + 7) // 8, group, dtype=torch.uint8)
+                if rows:
+                    lib.dspark_q8x_pack(kind, packed.data_ptr(), packed.shape[1], rows, in_features, panel.data_ptr())
+                packed, kind = panel, kind + _Q8X_OFFSET
             self.segments.append((name, packed))
-            if int8_activations and name in QUANTIZED_TYPES:
-                kind += _Q8X_OFFSET
-            desc += [kind, packed.shape[0], packed.shape[1], packed.data_ptr()]
+            self.rows.append(rows)
+            desc += [kind, rows, packed.shape[1], packed.data_ptr()]
         self.data = torch.tensor(desc, dtype=torch.int64)
         self.in_features = in_features
-        self.out_features = sum(b.shape[0] for _, b in self.segments)
+        self.out_features = sum(self.rows)
 
     @property
     def nbytes(self) -> int:
@@ -123,10 +130,14 @@ class QuantMatrix:
         lib = _lib()
         out = torch.empty(self.out_features, self.in_features)
         row = 0
-        for name, blocks in self.segments:
-            lib.dspark_dequant_rows(lib.dspark_quant_repacked_type(TYPES[name]), blocks.data_ptr(), blocks.shape[1], blocks.shape[0],
-                                    self.in_features, out[row].data_ptr() if blocks.shape[0] else 0)
-            row += blocks.shape[0]
+        for (name, blocks), rows, kind in zip(self.segments, self.rows, self.data[1::4].tolist()):
+            if rows and kind > 2 * _Q8X_OFFSET:
+                lib.dspark_q8x_dequant(kind - _Q8X_OFFSET, blocks.data_ptr(), rows, self.in_features,
+                                       out[row].data_ptr())
+            elif rows:
+                lib.dspark_dequant_rows(kind, blocks.data_ptr(), blocks.shape[1], rows, self.in_features,
+                                        out[row].data_ptr())
+            row += rows
         return out
 
 

@@ -2,30 +2,40 @@
  * with the activations quantized to int8: the `q8x` precision (as llama.cpp computes a
  * quantized model on a CPU; the weights are the file's, each exactly as in `gguf`).
  *
- * The weights are read in the repacked layouts of quant_units.h (the same bytes the
- * `gguf` precision reads); a descriptor's segment of type X_OFF + t is segment type
- * R_OFF + t read this way. F32, F16 and BF16 segments in a q8x matrix are computed as
- * the `gguf` precision computes them (fp32 activations, its order).
- *
- * Activations: each row of x, in blocks of 32, becomes
+ * Activations: each row of x, in blocks (units) of 32, becomes
  *   a = max |x|,  dx = a / 127,  q = round-to-nearest-even(x * (127 / a))  (q = 0 if a = 0),
- *   sx = dx * sum(q)                                                   (fp32, rounded once each)
- * so |q| <= 127. A unit (32 weights) of a weight row is 32 small integers w8 with scales:
+ *   sx = dx * sum(q)                                             (fp32, each rounded once)
+ * so |q| <= 127. A unit of a weight row is 32 small integers w8 and its scales:
  *   Q4_0 w = d (q - 8)   Q4_1 w = d q + m   Q5_0 w = d (q - 16)   Q5_1 w = d q + m
  *   Q8_0 w = d q         Q4_K, Q5_K w = ds q - dm (ds, dm: the sub-block's d sc, dmin m)
  *   Q6_K w = ds (q - 32), ds one per 16 weights
- * i.e. w = D w8 + M, with D per 16 weights and M per 32 (zero for the symmetric types).
+ * i.e. w = D w8 + M, with D per 32 weights (Q6_K: per 16) and M per 32 (the types with a
+ * min; none for the others).
  *
  * Every output is this sequence, whatever M, the tile, the ISA and the thread count:
- *   for each unit u ascending: eight lane sums p[l] = sum of w8[b] q[b] over b = 4l .. 4l+3
- *     (exact integers); acc[l] = fma((float) p[l], D(l) * dx, acc[l]) with D(l) the scale of
- *     weights 4l .. 4l+3; and off = fma(M, sx, off) where the type has an M;
- *   then r = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)), r + off,
- *   and + bias[n] where there is one.
- * The integer sums are exact (|w8| <= 128 and |q| <= 127: a pair's sum fits the 16 bits
- * vpmaddubsw keeps), so the AVX2 code and the scalar reference (`dspark_gemm_q8x_ref`)
- * give the same bits (tests/test_quant_kernels.py), and a token's logits do not depend
- * on what shares its step: speculative decoding in q8x gives exactly q8x's plain decoding.
+ *   for each unit u ascending: P = the exact integer sum of w8 q over the unit (Q6_K: P0
+ *   over weights 0-15, P1 over 16-31); acc = fma((float) P, D * dx, acc) (Q6_K: with P0
+ *   and D0, then P1 and D1); off = fma(M, sx, off) where the type has a min;
+ *   then (acc + off), + bias[n] where there is one.
+ * The integer sums are exact in every order, so the AVX2 code and the scalar reference
+ * (`dspark_gemm_q8x_ref`) give the same bits (tests/test_q8x_kernel.py), and a token's
+ * logits do not depend on what shares its step: speculative decoding in q8x gives
+ * exactly q8x's plain decoding.
+ *
+ * The weights are packed at load (`dspark_q8x_pack`, from the repacked rows of
+ * quant_units.h) into panels of 8 columns, so one register holds 4 consecutive weights
+ * of 8 columns and each lane sums one output (llama.cpp packs its AVX2 GEMM likewise):
+ * per group of 8 columns and unit, D[8] (Q6_K D0[8], D1[8]) fp32, M[8] fp32 (types with a
+ * min), then the quants as unsigned bytes (q, the types' offset added back: Q4_0 q, Q5_0
+ * q, Q6_K q; Q8_0 as int8): four weights 4g .. 4g + 3 of column c at byte 32 g + 4 c; the
+ * 4-bit types two to a byte (chunk h at 32 h: low nibbles weights 4h .. of group h, high
+ * nibbles weights 16 + 4h .. of group h + 4). Columns past the segment's last are zero.
+ * Products are summed in 16 bits for as many groups as cannot overflow (|w8 q| pairs:
+ * 4-bit 8 groups, 5-bit 4, 6-bit 2, Q8_0 1), then in 32.
+ *
+ * A descriptor segment of type X_OFF + t (t a file's ggml type) is such a panel: rows =
+ * the segment's columns, bytes = one group's bytes. F32, F16 and BF16 segments in a q8x
+ * matrix are computed as the `gguf` precision computes them (fp32 activations, its order).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -41,34 +51,59 @@
 
 /* ---- activations ------------------------------------------------------------------ */
 
-/* One row of K (a multiple of 32) -> q [K], dx [K / 32], sx [K / 32]. */
-static void quantize_row(const float *x, int64_t K, int8_t *q, float *dx, float *sx) {
+/* One row of K (a multiple of 32) -> q [K], dx, sx [K / 32], S [K / 32][2] (the sums of q
+ * over each unit's halves). */
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *dx, float *sx, int32_t *S) {
     for (int64_t b = 0; b < K / 32; b++) {
         const float *xb = x + 32 * b;
         float a = 0.0f;
         for (int i = 0; i < 32; i++) a = fmaxf(a, fabsf(xb[i]));
         const float id = a > 0.0f ? 127.0f / a : 0.0f;
-        int s = 0;
+        int s[2] = {0, 0};
         for (int i = 0; i < 32; i++) {
             const int v = (int)nearbyintf(xb[i] * id);
             q[32 * b + i] = (int8_t)v;
-            s += v;
+            s[i >> 4] += v;
         }
         dx[b] = a / 127.0f;
-        sx[b] = dx[b] * (float)s;
+        sx[b] = dx[b] * (float)(s[0] + s[1]);
+        S[2 * b] = s[0];
+        S[2 * b + 1] = s[1];
     }
 }
 
-/* ---- one unit of a weight row ------------------------------------------------------ */
+/* ---- a type's panel ----------------------------------------------------------------- */
 
-/* The scales of unit u: d0 for weights 0-15, d1 for 16-31, and m (0 where none). */
-static inline __attribute__((always_inline)) void unit_scales(int type, const uint8_t *row, int64_t u, float *d0,
-                                                               float *d1, float *m) {
+typedef struct {
+    int four;  /* 4-bit quants, two to a byte */
+    int o;     /* w8 = q - o */
+    int nd;    /* scales per column and unit (8 lanes each): 1, or 2 for Q6_K */
+    int nm;    /* 1 where the type has a min */
+    int g16;   /* groups summed in 16 bits */
+    int sgn;   /* the quants are int8 (Q8_0) */
+} xtype;
+
+static inline __attribute__((always_inline)) xtype xinfo(int t) {
+    switch (t) {
+        case R_Q4_0: return (xtype){1, 8, 1, 0, 8, 0};
+        case R_Q4_1: case R_Q4_K: return (xtype){1, 0, 1, 1, 8, 0};
+        case R_Q5_0: return (xtype){0, 16, 1, 0, 4, 0};
+        case R_Q5_1: case R_Q5_K: return (xtype){0, 0, 1, 1, 4, 0};
+        case R_Q6_K: return (xtype){0, 32, 2, 0, 2, 0};
+        default: return (xtype){0, 0, 1, 0, 1, 1};  /* R_Q8_0 */
+    }
+}
+
+static inline int64_t unit_bytes(xtype t) { return 32 * (t.nd + t.nm) + (t.four ? 128 : 256); }
+
+/* The scales of unit u of a repacked row: d0 for weights 0-15, d1 for 16-31, m (0 where none). */
+static void unit_scales(int type, const uint8_t *row, int64_t u, float *d0, float *d1, float *m) {
     const int sub = (int)(u & 7);
+    *m = 0.0f;
     switch (type) {
-        case R_Q4_0: *d0 = *d1 = f32at(row + u * 20); *m = 0.0f; return;
+        case R_Q4_0: *d0 = *d1 = f32at(row + u * 20); return;
         case R_Q4_1: *d0 = *d1 = f32at(row + u * 24); *m = f32at(row + u * 24 + 4); return;
-        case R_Q5_0: case R_Q8_0: *d0 = *d1 = f32at(row + u * 36); *m = 0.0f; return;
+        case R_Q5_0: case R_Q8_0: *d0 = *d1 = f32at(row + u * 36); return;
         case R_Q5_1: *d0 = *d1 = f32at(row + u * 40); *m = f32at(row + u * 40 + 4); return;
         case R_Q4_K: case R_Q5_K: {
             const uint8_t *blk = row + (u >> 3) * (type == R_Q4_K ? 192 : 320);
@@ -80,16 +115,13 @@ static inline __attribute__((always_inline)) void unit_scales(int type, const ui
             const uint8_t *blk = row + (u >> 3) * 320;
             *d0 = f32at(blk + 8 * sub);
             *d1 = f32at(blk + 8 * sub + 4);
-            *m = 0.0f;
             return;
         }
     }
 }
 
-static inline int has_m(int type) { return type == R_Q4_1 || type == R_Q5_1 || type == R_Q4_K || type == R_Q5_K; }
-
-/* The 32 small integers of unit u, scalar. */
-static void unit_w8_ref(int type, const uint8_t *row, int64_t u, int w8[32]) {
+/* The 32 integers w8 of unit u of a repacked row. */
+static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
     const int sub = (int)(u & 7);
     switch (type) {
         case R_Q4_0: case R_Q4_1: {
@@ -117,147 +149,223 @@ static void unit_w8_ref(int type, const uint8_t *row, int64_t u, int w8[32]) {
     }
 }
 
-/* The same 32 integers in a register (byte b = weight b). Unsigned types' bytes are
- * their values; the signed ones' are two's complement. */
-static inline __attribute__((always_inline)) __m256i unit_w8(int type, const uint8_t *row, int64_t u) {
-    const __m256i f15 = _mm256_set1_epi8(15);
-    switch (type) {
-        case R_Q4_0: case R_Q4_1: {
-            const int one = type == R_Q4_1;
-            const __m128i v = _mm_loadu_si128((const __m128i *)(row + u * (20 + 4 * one) + 4 + 4 * one));
-            const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), f15);
-            return one ? w : _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+/* Byte offset of weight k of column c (0-7) in a unit's quants, and whether it is a high nibble. */
+static inline int64_t quant_at(xtype t, int c, int k, int *high) {
+    *high = t.four && k >= 16;
+    if (t.four) return 32 * ((k & 15) >> 2) + 4 * c + (k & 3);
+    return 32 * (k >> 2) + 4 * c + (k & 3);
+}
+
+int64_t dspark_q8x_group_bytes(int type, int64_t K) { return K / 32 * unit_bytes(xinfo(type)); }
+
+/* rows repacked rows of `type` (R_), rb bytes each -> panels (dst: ceil(rows / 8) groups). */
+void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int64_t K, uint8_t *dst) {
+    const xtype t = xinfo(type);
+    const int64_t ub = unit_bytes(t), gb = K / 32 * ub;
+    memset(dst, 0, (size_t)((rows + 7) / 8 * gb));
+    for (int64_t r = 0; r < rows; r++) {
+        const int c = (int)(r & 7);
+        uint8_t *grp = dst + (r >> 3) * gb;
+        for (int64_t u = 0; u < K / 32; u++) {
+            uint8_t *unit = grp + u * ub;
+            float d0, d1, m;
+            int w8[32];
+            unit_scales(type, src + r * rb, u, &d0, &d1, &m);
+            unit_w8(type, src + r * rb, u, w8);
+            memcpy(unit + 4 * c, &d0, 4);
+            if (t.nd == 2) memcpy(unit + 32 + 4 * c, &d1, 4);
+            if (t.nm) memcpy(unit + 32 * t.nd + 4 * c, &m, 4);
+            uint8_t *qb = unit + 32 * (t.nd + t.nm);
+            for (int k = 0; k < 32; k++) {
+                int high;
+                const int64_t at = quant_at(t, c, k, &high);
+                const uint8_t v = (uint8_t)(w8[k] + t.o);
+                qb[at] |= high ? (uint8_t)(v << 4) : v;
+            }
         }
-        case R_Q4_K: {
-            const int sub = (int)(u & 7);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(row + (u >> 3) * 192 + 64 + 32 * (sub >> 1)));
-            return _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(v, 4) : v, f15);
-        }
-        case R_Q5_1: return _mm256_loadu_si256((const __m256i *)(row + u * 40 + 8));
-        case R_Q5_0: case R_Q8_0: return _mm256_loadu_si256((const __m256i *)(row + u * 36 + 4));
-        default: return _mm256_loadu_si256((const __m256i *)(row + (u >> 3) * 320 + 64 + 32 * (u & 7)));
     }
 }
 
-/* Whether a type's integers are all non-negative (then vpmaddubsw takes them as they are). */
-static inline int unsigned_w8(int type) {
-    return type == R_Q4_1 || type == R_Q4_K || type == R_Q5_1 || type == R_Q5_K;
+/* w8 of weight k of column c of a unit (scalar). */
+static inline int panel_w8(xtype t, const uint8_t *qb, int c, int k) {
+    int high;
+    const uint8_t v = qb[quant_at(t, c, k, &high)];
+    if (t.sgn) return (int8_t)v;
+    return (t.four ? (high ? v >> 4 : v & 15) : v) - t.o;
 }
 
-static inline float reduce8(const float *a) {
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+/* The exact fp32 weights of a panel segment (columns [0, rows)). */
+void dspark_q8x_dequant(int type, const uint8_t *panel, int64_t rows, int64_t K, float *out) {
+    const xtype t = xinfo(type);
+    const int64_t ub = unit_bytes(t), gb = K / 32 * ub;
+    for (int64_t r = 0; r < rows; r++) {
+        const int c = (int)(r & 7);
+        for (int64_t u = 0; u < K / 32; u++) {
+            const uint8_t *unit = panel + (r >> 3) * gb + u * ub, *qb = unit + 32 * (t.nd + t.nm);
+            for (int k = 0; k < 32; k++) {
+                const float d = f32at(unit + (t.nd == 2 && k >= 16 ? 32 : 0) + 4 * c);
+                const float w = d * (float)panel_w8(t, qb, c, k);
+                out[r * K + 32 * u + k] = t.nm ? w + f32at(unit + 32 * t.nd + 4 * c) : w;
+            }
+        }
+    }
 }
 
-static inline float reduce8v(__m256 v) {
-    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
-    return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
-}
+/* ---- the AVX2 kernel: MR rows of x against NG groups of 8 columns ---------------------- */
 
-/* ---- the AVX2 kernel: MR rows of x against NC rows of W ---------------------------- */
+#define BCAST4(p) _mm256_set1_epi32(*(const int32_t *)(p))
 
-static inline __attribute__((always_inline)) void fused(int type, const int8_t *q, const float *dx, const float *sx,
-                                                        int64_t K, const uint8_t *rows, int64_t rb, float *y,
-                                                        int64_t ldy, const float *bias, int MR, int NC) {
-    __m256 acc[4][4];
-    float off[4][4];
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int64_t units = K / 32, nq = K / 32;
+static inline __attribute__((always_inline)) void panel_tile(int type, const int8_t *q, const float *dx,
+                                                             const float *sx, const int32_t *S, int64_t K,
+                                                             const uint8_t *grp, int64_t gb, __m256 *out,
+                                                             int MR, int NG) {
+    const xtype t = xinfo(type);
+    const int64_t nq = K / 32, ub = unit_bytes(t);
+    const __m256i ones = _mm256_set1_epi16(1), f15 = _mm256_set1_epi8(15);
+    __m256 acc[4][4], off[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < NC; j++) {
-            acc[i][j] = _mm256_setzero_ps();
-            off[i][j] = 0.0f;
-        }
-    for (int64_t u = 0; u < units; u++) {
+        for (int g = 0; g < NG; g++) acc[i][g] = off[i][g] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < nq; u++) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NC; j++) {
-            const uint8_t *row = rows + j * rb;
-            const __m256i w = unit_w8(type, row, u);
-            const __m256i aw = unsigned_w8(type) ? w : _mm256_sign_epi8(w, w);
-            float d0, d1, m;
-            unit_scales(type, row, u, &d0, &d1, &m);
+        for (int g = 0; g < NG; g++) {
+            const uint8_t *unit = grp + g * gb + u * ub, *qb = unit + 32 * (t.nd + t.nm);
+            __m256i P[4], P0[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) P[i] = P0[i] = _mm256_setzero_si256();
+            if (t.four) {
+                __m256i a[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int h = 0; h < 4; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
+                    const __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
+#pragma GCC unroll 4
+                    for (int i = 0; i < MR; i++) {
+                        const int8_t *qu = q + i * K + 32 * u;
+                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(lo, BCAST4(qu + 4 * h)));
+                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(hi, BCAST4(qu + 16 + 4 * h)));
+                    }
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < MR; i++) P[i] = _mm256_madd_epi16(a[i], ones);
+            } else {
+                __m256i a[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int gq = 0; gq < 8; gq++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * gq));
+                    const __m256i aw = t.sgn ? _mm256_sign_epi8(w, w) : w;
+#pragma GCC unroll 4
+                    for (int i = 0; i < MR; i++) {
+                        __m256i xb = BCAST4(q + i * K + 32 * u + 4 * gq);
+                        if (t.sgn) xb = _mm256_sign_epi8(xb, w);
+                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(aw, xb));
+                    }
+                    if ((gq + 1) % t.g16 == 0) {
+#pragma GCC unroll 4
+                        for (int i = 0; i < MR; i++) {
+                            P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
+                            a[i] = _mm256_setzero_si256();
+                        }
+                    }
+                    if (t.nd == 2 && gq == 3) {
+#pragma GCC unroll 4
+                        for (int i = 0; i < MR; i++) {
+                            P0[i] = P[i];
+                            P[i] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+            }
+            const __m256 D0 = _mm256_loadu_ps((const float *)unit);
 #pragma GCC unroll 4
             for (int i = 0; i < MR; i++) {
-                __m256i qv = _mm256_loadu_si256((const __m256i *)(q + i * K + 32 * u));
-                if (!unsigned_w8(type)) qv = _mm256_sign_epi8(qv, w);
-                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, qv), ones));
-                const float e = dx[i * nq + u];
-                const __m256 s = type == R_Q6_K ? _mm256_set_m128(_mm_set1_ps(d1 * e), _mm_set1_ps(d0 * e))
-                                                : _mm256_set1_ps(d0 * e);
-                acc[i][j] = _mm256_fmadd_ps(p, s, acc[i][j]);
-                if (has_m(type)) off[i][j] = __builtin_fmaf(m, sx[i * nq + u], off[i][j]);
+                const __m256 e = _mm256_set1_ps(dx[i * nq + u]);
+                const int32_t *Su = S + (i * nq + u) * 2;
+                if (t.nd == 2) {
+                    const __m256 D1 = _mm256_loadu_ps((const float *)(unit + 32));
+                    const __m256i p0 = _mm256_sub_epi32(P0[i], _mm256_set1_epi32(t.o * Su[0]));
+                    const __m256i p1 = _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * Su[1]));
+                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), acc[i][g]);
+                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), acc[i][g]);
+                } else {
+                    const __m256i p = t.o ? _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P[i];
+                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), acc[i][g]);
+                }
+                if (t.nm)
+                    off[i][g] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(unit + 32 * t.nd)),
+                                                _mm256_set1_ps(sx[i * nq + u]), off[i][g]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < NC; j++) {
-            const float r = reduce8v(acc[i][j]) + off[i][j];
-            y[i * ldy + j] = bias ? r + bias[j] : r;
+        for (int g = 0; g < NG; g++) out[i * NG + g] = t.nm ? _mm256_add_ps(acc[i][g], off[i][g]) : acc[i][g];
+}
+
+/* Outputs of a tile -> y, the valid columns only, plus the bias. */
+static inline void store_tile(const __m256 *out, int MR, int NG, float *y, int64_t ldy, int64_t ncols,
+                              const float *bias) {
+    for (int i = 0; i < MR; i++)
+        for (int g = 0; g < NG; g++) {
+            float v[8];
+            _mm256_storeu_ps(v, out[i * NG + g]);
+            for (int c = 0; c < 8 && 8 * g + c < ncols; c++)
+                y[i * ldy + 8 * g + c] = bias ? v[c] + bias[8 * g + c] : v[c];
         }
 }
 
-#define Q8X_TYPES(mr, n)                                                                                       \
-    switch (type) {                                                                                           \
-        case R_Q4_0: fused(R_Q4_0, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break; \
-        case R_Q4_1: fused(R_Q4_1, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break; \
-        case R_Q5_0: fused(R_Q5_0, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break; \
-        case R_Q5_1: fused(R_Q5_1, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break; \
-        case R_Q8_0: fused(R_Q8_0, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break; \
-        case R_Q4_K: fused(R_Q4_K, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break; \
-        case R_Q5_K: fused(R_Q5_K, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break; \
-        default: fused(R_Q6_K, qm, dxm, sxm, K, data + (c + j) * rb, rb, ym + j, ldy, b, mr, n); break;     \
+#define PANEL_TYPES(mr, ng)                                                                             \
+    switch (type) {                                                                                    \
+        case R_Q4_0: panel_tile(R_Q4_0, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        case R_Q4_1: panel_tile(R_Q4_1, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        case R_Q5_0: panel_tile(R_Q5_0, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        case R_Q5_1: panel_tile(R_Q5_1, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        case R_Q8_0: panel_tile(R_Q8_0, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        case R_Q4_K: panel_tile(R_Q4_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        case R_Q5_K: panel_tile(R_Q5_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        default: panel_tile(R_Q6_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;                 \
     }
 
-/* Columns [c, c + nc) of one segment (type: its R_ type) for all M rows. One row: four
- * columns at a time. More: two columns at a time, every row against them in tiles of up
- * to four (the two weight rows stay in L1 while the rows stream), so the weights are read
- * once per call. The shapes are for registers and caches only. */
-static void q8x_cols(int type, const int8_t *q, const float *dx, const float *sx, int64_t M, int64_t K,
-                     const uint8_t *data, int64_t rb, int64_t c, int64_t nc, float *y, int64_t ldy,
-                     const float *bias) {
+/* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four
+ * groups at a time; more rows one group at a time, every row against it in tiles of up
+ * to four (the group's weights stay in L1 while the rows stream). */
+static void panel_groups(int type, const int8_t *q, const float *dx, const float *sx, const int32_t *S, int64_t M,
+                         int64_t K, const uint8_t *data, int64_t gb, int64_t rows, int64_t g0, int64_t g1, float *y,
+                         int64_t ldy, const float *bias) {
     const int64_t nq = K / 32;
-    const int8_t *qm = q;
-    const float *dxm = dx, *sxm = sx;
-    float *ym = y;
-    int64_t j = 0;
-    if (M == 1) {
-        for (; j + 4 <= nc; j += 4) { const float *b = bias ? bias + j : 0; Q8X_TYPES(1, 4) }
-        for (; j < nc; j++) { const float *b = bias ? bias + j : 0; Q8X_TYPES(1, 1) }
-        return;
-    }
-    for (; j < nc; j += 2) {
-        const int two = nc - j >= 2;
-        const float *b = bias ? bias + j : 0;
+    __m256 out[16];
+    for (int64_t gi = g0; gi < g1;) {
+        const int ng = M == 1 && g1 - gi >= 4 ? 4 : 1;
+        const uint8_t *grp = data + gi * gb;
+        const int64_t col = 8 * gi, ncols = rows - col < 8 * ng ? rows - col : 8 * ng;
         for (int64_t m = 0; m < M;) {
             const int mr = M - m >= 4 ? 4 : (int)(M - m);
-            qm = q + m * K;
-            dxm = dx + m * nq;
-            sxm = sx + m * nq;
-            ym = y + m * ldy;
-            if (two) {
-                switch (mr) {
-                    case 4: Q8X_TYPES(4, 2) break;
-                    case 3: Q8X_TYPES(3, 2) break;
-                    case 2: Q8X_TYPES(2, 2) break;
-                    default: Q8X_TYPES(1, 2) break;
-                }
+            const int8_t *qm = q + m * K;
+            const float *dxm = dx + m * nq, *sxm = sx + m * nq;
+            const int32_t *Sm = S + m * nq * 2;
+            if (ng == 4) {
+                PANEL_TYPES(1, 4)
             } else {
                 switch (mr) {
-                    case 4: Q8X_TYPES(4, 1) break;
-                    case 3: Q8X_TYPES(3, 1) break;
-                    case 2: Q8X_TYPES(2, 1) break;
-                    default: Q8X_TYPES(1, 1) break;
+                    case 4: PANEL_TYPES(4, 1) break;
+                    case 3: PANEL_TYPES(3, 1) break;
+                    case 2: PANEL_TYPES(2, 1) break;
+                    default: PANEL_TYPES(1, 1) break;
                 }
             }
+            store_tile(out, mr, ng, y + m * ldy + col, ldy, ncols, bias ? bias + col : 0);
             m += mr;
         }
+        gi += ng;
     }
 }
-#undef Q8X_TYPES
+#undef PANEL_TYPES
 
 /* A float segment (F32, F16, BF16) as the gguf precision computes it. */
 static void float_cols(int type, const float *x, int64_t M, int64_t K, const uint8_t *data, int64_t rb, int64_t c,
@@ -289,20 +397,40 @@ static void *grow(void **buf, int64_t *cap, int64_t n) {
     return *buf;
 }
 
-/* The R_ type a q8x segment is read as (0: a float segment). */
-static int read_as(int type) { return type > X_OFF ? type - X_OFF + R_OFF : 0; }
 
-void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                     int threads) {
+/* The R_ type a panel segment is of (0: a float segment). */
+static int panel_type(int type) { return type > X_OFF ? type - X_OFF + R_OFF : 0; }
+
+/* Quantized activations, kept per thread between calls (a decode step makes ~200). */
+typedef struct {
+    int8_t *q;
+    float *dx, *sx;
+    int32_t *S;
+} acts;
+
+static int quantize(const float *x, int64_t M, int64_t K, acts *a) {
     static __thread void *qbuf, *fbuf;
     static __thread int64_t qcap, fcap;
     const int64_t nq = K / 32;
-    int8_t *q = grow(&qbuf, &qcap, M * K);
-    float *dx = grow(&fbuf, &fcap, 2 * M * nq * (int64_t)sizeof(float)), *sx = dx ? dx + M * nq : 0;
-    if (!q || !dx) return;
-    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, dx + m * nq, sx + m * nq);
+    a->q = grow(&qbuf, &qcap, M * K);
+    a->dx = grow(&fbuf, &fcap, 4 * M * nq * 4);
+    if (!a->q || !a->dx) return -1;
+    a->sx = a->dx + M * nq;
+    a->S = (int32_t *)(a->sx + M * nq);
+    for (int64_t m = 0; m < M; m++)
+        quantize_row(x + m * K, K, a->q + m * K, a->dx + m * nq, a->sx + m * nq, a->S + 2 * m * nq);
+    return 0;
+}
+
+void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                     int threads) {
+    acts a;
+    if (quantize(x, M, K, &a)) return;
+    int64_t G = 0;  /* groups of 8 columns over all segments */
+    for (int64_t s = 0; s < desc[0]; s++) G += (desc[2 + 4 * s] + 7) / 8;
+    if (G == 0) return;
     if (threads < 1) threads = 1;
-    if (threads > (N + 7) / 8) threads = (int)((N + 7) / 8);
+    if (threads > G) threads = (int)G;
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
@@ -310,22 +438,25 @@ void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, flo
 #else
         const int t = 0, nt = 1;
 #endif
-        const int64_t c0 = (N * t / nt) / 8 * 8, c1 = t == nt - 1 ? N : (N * (t + 1) / nt) / 8 * 8;
+        const int64_t t0 = G * t / nt, t1 = G * (t + 1) / nt;
         float *w = 0;
-        int64_t base = 0;
+        int64_t base = 0, gbase = 0;
         for (int64_t s = 0; s < desc[0]; s++) {
             const int64_t *g = desc + 1 + 4 * s;
-            const int64_t rows = g[1], rb = g[2];
+            const int64_t rows = g[1], ng = (rows + 7) / 8;
             const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
-            const int64_t lo = c0 > base ? c0 : base, hi = c1 < base + rows ? c1 : base + rows;
-            const float *b = bias ? bias + lo : 0;
-            if (hi > lo && read_as((int)g[0]))
-                q8x_cols(read_as((int)g[0]), q, dx, sx, M, K, data, rb, lo - base, hi - lo, y + lo, N, b);
+            const int64_t lo = t0 > gbase ? t0 - gbase : 0, hi = t1 < gbase + ng ? t1 - gbase : ng;
+            if (hi > lo && panel_type((int)g[0]))
+                panel_groups(panel_type((int)g[0]), a.q, a.dx, a.sx, a.S, M, K, data, g[2], rows, lo, hi, y + base,
+                             N, bias ? bias + base : 0);
             else if (hi > lo) {
+                const int64_t c0 = 8 * lo, c1 = 8 * hi < rows ? 8 * hi : rows;
                 if (!w) w = malloc((size_t)K * sizeof(float));
-                if (w) float_cols((int)g[0], x, M, K, data, rb, lo - base, hi - lo, y + lo, N, b, w);
+                if (w) float_cols((int)g[0], x, M, K, data, g[2], c0, c1 - c0, y + base + c0, N,
+                                  bias ? bias + base + c0 : 0, w);
             }
             base += rows;
+            gbase += ng;
         }
         free(w);
     }
@@ -336,38 +467,42 @@ void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias,
                          int64_t K) {
     const int64_t nq = K / 32;
     int8_t *q = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(2 * M * nq) * sizeof(float)), *w = malloc((size_t)K * sizeof(float));
+    float *dx = malloc((size_t)(4 * M * nq) * sizeof(float)), *w = malloc((size_t)K * sizeof(float));
     if (!q || !dx || !w) goto out;
     float *sx = dx + M * nq;
-    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, dx + m * nq, sx + m * nq);
+    int32_t *S = (int32_t *)(sx + M * nq);
+    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, dx + m * nq, sx + m * nq, S + 2 * m * nq);
     int64_t n = 0;
     for (int64_t s = 0; s < desc[0]; s++) {
         const int64_t *g = desc + 1 + 4 * s;
-        const int type = read_as((int)g[0]);
+        const int type = panel_type((int)g[0]);
         const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
         if (!type) {
             float_cols((int)g[0], x, M, K, data, g[2], 0, g[1], y + n, N, bias ? bias + n : 0, w);
             n += g[1];
             continue;
         }
+        const xtype t = xinfo(type);
+        const int64_t ub = unit_bytes(t);
         for (int64_t r = 0; r < g[1]; r++, n++) {
-            const uint8_t *row = data + r * g[2];
+            const int c = (int)(r & 7);
             for (int64_t m = 0; m < M; m++) {
-                float acc[8] = {0}, off = 0.0f;
+                float acc = 0.0f, off = 0.0f;
                 for (int64_t u = 0; u < nq; u++) {
-                    int w8[32];
-                    float d0, d1, mm;
-                    unit_w8_ref(type, row, u, w8);
-                    unit_scales(type, row, u, &d0, &d1, &mm);
+                    const uint8_t *unit = data + (r >> 3) * g[2] + u * ub, *qb = unit + 32 * (t.nd + t.nm);
+                    const int8_t *qu = q + m * K + 32 * u;
                     const float e = dx[m * nq + u];
-                    for (int l = 0; l < 8; l++) {
-                        int p = 0;
-                        for (int b = 4 * l; b < 4 * l + 4; b++) p += w8[b] * q[m * K + 32 * u + b];
-                        acc[l] = __builtin_fmaf((float)p, (l < 4 ? d0 : d1) * e, acc[l]);
+                    int p[2] = {0, 0};
+                    for (int k = 0; k < 32; k++) p[k >> 4] += panel_w8(t, qb, c, k) * qu[k];
+                    if (t.nd == 2) {
+                        acc = __builtin_fmaf((float)p[0], f32at(unit + 4 * c) * e, acc);
+                        acc = __builtin_fmaf((float)p[1], f32at(unit + 32 + 4 * c) * e, acc);
+                    } else {
+                        acc = __builtin_fmaf((float)(p[0] + p[1]), f32at(unit + 4 * c) * e, acc);
                     }
-                    if (has_m(type)) off = __builtin_fmaf(mm, sx[m * nq + u], off);
+                    if (t.nm) off = __builtin_fmaf(f32at(unit + 32 * t.nd + 4 * c), sx[m * nq + u], off);
                 }
-                const float v = reduce8(acc) + off;
+                const float v = t.nm ? acc + off : acc;
                 y[m * N + n] = bias ? v + bias[n] : v;
             }
         }

@@ -25,6 +25,9 @@ void dspark_rope_f32(float *x, int64_t row, const float *cos, const float *sin, 
 /* The q8x precision (gemm_q8x.c): a descriptor whose segments are of X_OFF + type. */
 void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                      int threads);
+int64_t dspark_q8x_group_bytes(int type, int64_t K);
+void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int64_t K, uint8_t *dst);
+void dspark_q8x_dequant(int type, const uint8_t *panel, int64_t rows, int64_t K, float *out);
 void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                          int64_t K);
 void dspark_gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
