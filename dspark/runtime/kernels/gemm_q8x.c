@@ -29,7 +29,9 @@
  * min), then the quants as unsigned bytes (q, the types' offset added back: Q4_0 q, Q5_0
  * q, Q6_K q; Q8_0 as int8): four weights 4g .. 4g + 3 of column c at byte 32 g + 4 c; the
  * 4-bit types two to a byte (chunk h at 32 h: low nibbles weights 4h .. of group h, high
- * nibbles weights 16 + 4h .. of group h + 4). Columns past the segment's last are zero.
+ * nibbles weights 16 + 4h .. of group h + 4), the 5-bit types likewise plus a plane of
+ * their fifth bits (byte 128 + 4c + b: bit 2h for weight 4h + b, bit 2h + 1 for 16 + 4h + b).
+ * Columns past the segment's last are zero.
  * Products are summed in 16 bits for as many groups as cannot overflow (|w8 q| pairs:
  * 4-bit 8 groups, 5-bit 4, 6-bit 2, Q8_0 1), then in 32.
  *
@@ -75,7 +77,8 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *dx, float 
 /* ---- a type's panel ----------------------------------------------------------------- */
 
 typedef struct {
-    int four;  /* 4-bit quants, two to a byte */
+    int four;  /* the low 4 bits of the quants two to a byte */
+    int five;  /* and their fifth bits in a plane of 32 bytes (the 5-bit types) */
     int o;     /* w8 = q - o */
     int nd;    /* scales per column and unit (8 lanes each): 1, or 2 for Q6_K */
     int nm;    /* 1 where the type has a min */
@@ -85,16 +88,16 @@ typedef struct {
 
 static inline __attribute__((always_inline)) xtype xinfo(int t) {
     switch (t) {
-        case R_Q4_0: return (xtype){1, 8, 1, 0, 8, 0};
-        case R_Q4_1: case R_Q4_K: return (xtype){1, 0, 1, 1, 8, 0};
-        case R_Q5_0: return (xtype){0, 16, 1, 0, 4, 0};
-        case R_Q5_1: case R_Q5_K: return (xtype){0, 0, 1, 1, 4, 0};
-        case R_Q6_K: return (xtype){0, 32, 2, 0, 2, 0};
-        default: return (xtype){0, 0, 1, 0, 1, 1};  /* R_Q8_0 */
+        case R_Q4_0: return (xtype){1, 0, 8, 1, 0, 8, 0};
+        case R_Q4_1: case R_Q4_K: return (xtype){1, 0, 0, 1, 1, 8, 0};
+        case R_Q5_0: return (xtype){1, 1, 16, 1, 0, 4, 0};
+        case R_Q5_1: case R_Q5_K: return (xtype){1, 1, 0, 1, 1, 4, 0};
+        case R_Q6_K: return (xtype){0, 0, 32, 2, 0, 2, 0};
+        default: return (xtype){0, 0, 0, 1, 0, 1, 1};  /* R_Q8_0 */
     }
 }
 
-static inline int64_t unit_bytes(xtype t) { return 32 * (t.nd + t.nm) + (t.four ? 128 : 256); }
+static inline int64_t unit_bytes(xtype t) { return 32 * (t.nd + t.nm) + (t.four ? 128 + 32 * t.five : 256); }
 
 /* The scales of unit u of a repacked row: d0 for weights 0-15, d1 for 16-31, m (0 where none). */
 static void unit_scales(int type, const uint8_t *row, int64_t u, float *d0, float *d1, float *m) {
@@ -180,7 +183,9 @@ void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int
                 int high;
                 const int64_t at = quant_at(t, c, k, &high);
                 const uint8_t v = (uint8_t)(w8[k] + t.o);
-                qb[at] |= high ? (uint8_t)(v << 4) : v;
+                qb[at] |= high ? (uint8_t)((v & 15) << 4) : (t.four ? v & 15 : v);
+                if (t.five)  /* bit 2h (low nibble) or 2h + 1 (high) of the lane's plane byte */
+                    qb[128 + 4 * c + (k & 3)] |= (uint8_t)(((v >> 4) & 1) << (2 * ((k & 15) >> 2) + high));
             }
         }
     }
@@ -191,7 +196,10 @@ static inline int panel_w8(xtype t, const uint8_t *qb, int c, int k) {
     int high;
     const uint8_t v = qb[quant_at(t, c, k, &high)];
     if (t.sgn) return (int8_t)v;
-    return (t.four ? (high ? v >> 4 : v & 15) : v) - t.o;
+    if (!t.four) return v - t.o;
+    int n = high ? v >> 4 : v & 15;
+    if (t.five) n |= ((qb[128 + 4 * c + (k & 3)] >> (2 * ((k & 15) >> 2) + high)) & 1) << 4;
+    return n - t.o;
 }
 
 /* The exact fp32 weights of a panel segment (columns [0, rows)). */
@@ -215,6 +223,11 @@ void dspark_q8x_dequant(int type, const uint8_t *panel, int64_t rows, int64_t K,
 
 #define BCAST4(p) _mm256_set1_epi32(*(const int32_t *)(p))
 
+/* x shifted left by s bits (right by -s) in each 16-bit lane; s a constant in -3 .. 4. */
+static inline __attribute__((always_inline)) __m256i shift_bits(__m256i x, int s) {
+    return s > 0 ? _mm256_slli_epi16(x, s) : s < 0 ? _mm256_srli_epi16(x, -s) : x;
+}
+
 static inline __attribute__((always_inline)) void panel_tile(int type, const int8_t *q, const float *dx,
                                                              const float *sx, const int32_t *S, int64_t K,
                                                              const uint8_t *grp, int64_t gb, __m256 *out,
@@ -236,21 +249,35 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
             for (int i = 0; i < MR; i++) P[i] = P0[i] = _mm256_setzero_si256();
             if (t.four) {
                 __m256i a[4];
+                const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
+                const __m256i b4 = _mm256_set1_epi8(16);
 #pragma GCC unroll 4
                 for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (int h = 0; h < 4; h++) {
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
-                    const __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
+                    __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
+                    if (t.five) {  /* bit 2h (2h + 1) of each plane byte to bit 4: 16-bit shifts of at
+                                    * most 4 keep it within its byte */
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(shift_bits(plane, 4 - 2 * h), b4));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(shift_bits(plane, 3 - 2 * h), b4));
+                    }
 #pragma GCC unroll 4
                     for (int i = 0; i < MR; i++) {
                         const int8_t *qu = q + i * K + 32 * u;
                         a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(lo, BCAST4(qu + 4 * h)));
                         a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(hi, BCAST4(qu + 16 + 4 * h)));
                     }
+                    if (t.five && h == 1) {  /* four groups of 5-bit products: as many as 16 bits hold */
+#pragma GCC unroll 4
+                        for (int i = 0; i < MR; i++) {
+                            P[i] = _mm256_madd_epi16(a[i], ones);
+                            a[i] = _mm256_setzero_si256();
+                        }
+                    }
                 }
 #pragma GCC unroll 4
-                for (int i = 0; i < MR; i++) P[i] = _mm256_madd_epi16(a[i], ones);
+                for (int i = 0; i < MR; i++) P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
             } else {
                 __m256i a[4];
 #pragma GCC unroll 4
