@@ -54,18 +54,35 @@
 /* ---- activations ------------------------------------------------------------------ */
 
 /* One row of K (a multiple of 32) -> q [K], dx, sx [K / 32], S [K / 32][2] (the sums of q
- * over each unit's halves). */
+ * over each unit's halves). Every operation is exact or one IEEE rounding, so the vector
+ * form is the scalar rule (tests check it against numpy). */
 static void quantize_row(const float *x, int64_t K, int8_t *q, float *dx, float *sx, int32_t *S) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < K / 32; b++) {
         const float *xb = x + 32 * b;
-        float a = 0.0f;
-        for (int i = 0; i < 32; i++) a = fmaxf(a, fabsf(xb[i]));
-        const float id = a > 0.0f ? 127.0f / a : 0.0f;
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(xb + 8 * j);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+        }
+        float lanes[8], a = 0.0f;
+        _mm256_storeu_ps(lanes, m);
+        for (int j = 0; j < 8; j++) a = lanes[j] > a ? lanes[j] : a;
+        const __m256 id = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+        __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 4; j++) {
+            const __m256i n = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id),
+                                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            sum[j >> 1] = _mm256_add_epi32(sum[j >> 1], n);
+            int32_t t[8];
+            _mm256_storeu_si256((__m256i *)t, n);
+            for (int l = 0; l < 8; l++) q[32 * b + 8 * j + l] = (int8_t)t[l];
+        }
         int s[2] = {0, 0};
-        for (int i = 0; i < 32; i++) {
-            const int v = (int)nearbyintf(xb[i] * id);
-            q[32 * b + i] = (int8_t)v;
-            s[i >> 4] += v;
+        for (int h = 0; h < 2; h++) {
+            int32_t t[8];
+            _mm256_storeu_si256((__m256i *)t, sum[h]);
+            for (int l = 0; l < 8; l++) s[h] += t[l];
         }
         dx[b] = a / 127.0f;
         sx[b] = dx[b] * (float)(s[0] + s[1]);
