@@ -21,7 +21,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "with fp32 compute (native AVX2/AVX-512 kernels); bf16x = bf16 weights with matmul "
                         "inputs rounded to bf16 and fp32 accumulation (AMX or avx512_bf16 kernels); bf16 on a "
                         "CPU = bf16x where the CPU has it, else bf16w; fp32 = a GGUF's dequantized values; "
-                        "auto = gguf for a quantized GGUF file given as --model, bf16 on accelerators, else the fastest of "
+                        "auto = q8x for a quantized GGUF file given as --model where its products measure faster than "
+                        "gguf's (else gguf), bf16 on accelerators, else the fastest of "
                         "fp32 / bf16w / bf16x for this model by a short measurement at start-up (it says what "
                         "it picked). Every CPU precision is exact under speculation")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")

@@ -55,8 +55,8 @@ def _is_embedded_default(path: Path) -> bool:
     to fit a package; `auto` keeps measuring its precision (bf16x where the CPU has it:
     on a 2-core avx512_bf16 EPYC, engine alone at one request, plain decoding 1.24x
     [1.20-1.30] and the default configuration 1.33x the gguf precision's speed, whose
-    multi-row steps and prefill run fp32 products: docs/journal.md). `--dtype gguf` serves its file as
-    stored; another file of it (`--model FILE.gguf`) is a user's file."""
+    multi-row steps and prefill run fp32 products: docs/journal.md). `--dtype gguf` or `q8x`
+    serve its file as stored; another file of it (`--model FILE.gguf`) is a user's file."""
     from .cache import cache_root
     from .default_model import DEFAULT_MODEL_NAME
 
@@ -149,11 +149,16 @@ def load_transformer(
     if _ALIASES.get(asked, asked) == "bf16" and precision != "bf16" and log is not None:
         log(f"dtype bf16 on a CPU: {precision} (bf16 weights through the batch-invariant kernels; oneDNN's "
             "bf16 matmuls would let a token's logits depend on what shares its step)")
-    from .quantized import describe, has_quantized, model_matrices, read_quantized
+    from .quantized import choose_activations, describe, has_quantized, model_matrices, read_quantized
 
     quantized = precision in ("auto", *QUANTIZED_PRECISIONS) and device_is_cpu(device) and has_quantized(path)
+    blocks = None
     if precision == "auto" and quantized and _gguf_runs() and not _is_embedded_default(path):
-        precision = "gguf"  # a user's quantized file is served as stored, never rounded to another type
+        # a user's quantized file is served as stored, never rounded to another type
+        blocks = read_quantized(path)
+        precision, line = choose_activations(cfg, blocks)
+        if log is not None:
+            log(line)
     elif precision == "auto":
         precision, line = cached_choose_precision(cfg)
         if log is not None:
@@ -195,7 +200,9 @@ def load_transformer(
     for p in model.parameters():
         p.requires_grad_(False)
     if precision in QUANTIZED_PRECISIONS:
-        matrices = model_matrices(cfg, read_quantized(path), int8_activations=precision == "q8x")
+        matrices = model_matrices(cfg, blocks if blocks is not None else read_quantized(path),
+                                  int8_activations=precision == "q8x")
+        blocks = None
         use_quantized_weights(model, matrices)
         if log is not None and precision == "gguf":
             log(f"dtype gguf: the file's blocks as stored, fp32 compute ({describe(matrices)}); "

@@ -1,6 +1,7 @@
 """The CPU precisions: what `--dtype` accepts, which of them are batch-invariant, and
-how `auto` picks one (a quantized GGUF file: `gguf`; otherwise a short measurement of
-the candidates, cached per machine and model shape)."""
+how `auto` picks one (a quantized GGUF file: `q8x` or `gguf` by a measurement of the
+two, `quantized.choose_activations`; otherwise a short measurement of the candidates,
+cached per machine and model shape)."""
 
 from __future__ import annotations
 

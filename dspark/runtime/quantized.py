@@ -303,3 +303,35 @@ def describe(matrices: dict[str, QuantMatrix]) -> str:
             count[name] = count.get(name, 0) + 1
     kinds = ", ".join(f"{n} {c}" for n, c in sorted(count.items(), key=lambda kv: -kv[1]))
     return f"tensors by type: {kinds}; {nbytes / 2**20:.1f} MiB of linear weights read per token"
+
+
+def choose_activations(cfg, tensors: dict[str, tuple[str, torch.Tensor]], repeats: int = 5) -> tuple[str, str]:
+    """What `--dtype auto` serves a quantized file in: `q8x` (int8 activations) where its
+    products measure faster than `gguf`'s on this model's first gate|up matrix, at 1 and
+    at 8 rows (a decode step and a verification), else `gguf`. Returns the precision and
+    the line that says why (a few tens of milliseconds; not cached: the kernels' ratio is
+    large wherever both run)."""
+    import time
+
+    a = "model.layers.0.mlp."
+    if a + "gate_proj.weight" not in tensors or a + "up_proj.weight" not in tensors:
+        return "gguf", "dtype auto: gguf (the file's blocks as stored, fp32 activations)"
+    segs = [tensors[a + "gate_proj.weight"], tensors[a + "up_proj.weight"]]
+    k = cfg.hidden_size
+    mats = {"gguf": QuantMatrix(segs, k), "q8x": QuantMatrix(segs, k, int8_activations=True)}
+    gen = torch.Generator().manual_seed(0)
+    xs = {1: torch.randn(1, k, generator=gen), 8: torch.randn(8, k, generator=gen)}
+    best = {(p, m): float("inf") for p in mats for m in xs}
+    for _ in range(repeats):
+        for (p, m) in best:
+            calls = 8 if m == 1 else 2
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                gemm_quant(xs[m], mats[p])
+            best[p, m] = min(best[p, m], (time.perf_counter() - t0) / calls)
+    cost = {p: best[p, 1] + best[p, 8] for p in mats}
+    pick = "q8x" if cost["q8x"] < cost["gguf"] else "gguf"
+    times = ", ".join(f"{p} {1e3 * best[p, 1]:.2f}/{1e3 * best[p, 8]:.2f} ms" for p in mats)
+    why = ("int8 activations, as llama.cpp computes; --dtype gguf serves the file's exact fp32 model"
+           if pick == "q8x" else "fp32 activations: the file's exact model")
+    return pick, f"dtype auto: {pick} ({why}; products of 1/8 rows: {times})"
