@@ -3,7 +3,7 @@ against transformers fp32 on the same dequantized weights, plain and with specul
 
     scripts/fetch_qwen_coder.sh                       # once: the 491 MB GGUF
     python3 scripts/dev/check_second_target.py [FILE.gguf] [--max-tokens 48] [--threads 2] \
-        [--drafter DIR]                               # a DSpark drafter trained for it
+        [--drafter DIR] [--dtype auto|gguf|q8x|fp32]  # a DSpark drafter trained for it
 
 Two prompts per domain (math, code, chat). Configurations: plain decoding, n-gram
 speculation (7 tokens), hybrid lookup + a DSpark drafter with adaptive verification
@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--drafter", help="DSpark drafter directory trained for this target")
+    ap.add_argument("--dtype", default="fp32", help="our precision (auto: what a user's file gets; default: %(default)s)")
     args = ap.parse_args()
     if not Path(args.gguf).is_file():
         print(f"{args.gguf} not found: run scripts/fetch_qwen_coder.sh first", file=sys.stderr)
@@ -50,7 +51,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    target = Target.load(args.gguf, dtype="fp32", device="cpu", max_len=1024)
+    target = Target.load(args.gguf, dtype=args.dtype, device="cpu", max_len=1024, log=print)
     print(f"loaded {target.path} in {time.perf_counter() - t0:.1f} s", flush=True)
     configs = {
         "plain": None,
