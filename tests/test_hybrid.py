@@ -181,7 +181,11 @@ def test_rows_left_out_of_drafting_get_lookup_alone_and_stay_exact(greedy_case, 
     hybrid = engine.runner.drafter
     assert hybrid.counts["lookup_only"] > 16, hybrid.counts
     if policy == "dspark-async":
-        assert engine.runner.policy.skipped_steps > 0
+        # a step skips the drafter once `lag` drafted steps back it up; where lookup won
+        # every row but one step's (drafting over lookup prices the slow drafter out), the
+        # policy never had them, and no step drafted past the first: both leave it out
+        pol = engine.runner.policy
+        assert pol.skipped_steps > 0 or len(pol._history) < pol.lag, (pol.skipped_steps, len(pol._history))
         # priced on target time alone, lookup's tokens were verified and some accepted
         assert engine.total_stats().accepted_tokens > 0
     else:

@@ -10,7 +10,8 @@
 - `rmsnorm_f32`, `silu_mul_f32`, `rope_f32_`, `argmax_rows` (kernels/elementwise_f32.c).
 - `topk_rows` (kernels/select_f32.c): a draft's candidates, the top C of each row.
 - `gemm_quant` (kernels/gemm_quant.c): the `gguf` precision's matmul, over a GGUF
-  file's quantized blocks as stored (`quantized.py`).
+  file's quantized blocks as stored (`quantized.py`); its q8x matrices (int8
+  activations) go to kernels/gemm_q8x.c, over panels packed by kernels/q8x_panels.c.
 - `dspark_decoder_layers` (kernels/decoder_f32.c): all of a native model's decoder
   layers through the kernels above in one call (`native_stack.NativeStack`).
 
@@ -42,10 +43,9 @@ from .cache import cache_root
 # re-exported: callers and tests ask the kernels which ISA they may use
 from .machine import cpu_flags  # noqa: F401
 
-_SOURCES = [Path(__file__).with_name("kernels") / name for name in ("gemm_bf16w.c", "gemm_f32w.c",
-                                                                  "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c",
-                                                                  "decoder_f32.c", "select_f32.c", "gemm_quant.c", "gemm_q8x.c",
-                                                                  "quant_repack.c")]
+_SOURCES = [Path(__file__).with_name("kernels") / name for name in (
+    "gemm_bf16w.c", "gemm_f32w.c", "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c", "decoder_f32.c",
+    "select_f32.c", "gemm_quant.c", "gemm_q8x.c", "q8x_panels.c", "quant_repack.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None

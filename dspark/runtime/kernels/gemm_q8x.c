@@ -40,7 +40,6 @@
  * matrix are computed as the `gguf` precision computes them (fp32 activations, its order).
  */
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,192 +48,7 @@
 #endif
 
 #include "kernels.h"
-#include "quant_units.h"
-
-/* ---- activations ------------------------------------------------------------------ */
-
-/* One row of K (a multiple of 32) -> q [K], dx, sx [K / 32], S [K / 32][2] (the sums of q
- * over each unit's halves). Every operation is exact or one IEEE rounding, so the vector
- * form is the scalar rule (tests check it against numpy). */
-static void quantize_row(const float *x, int64_t K, int8_t *q, float *dx, float *sx, int32_t *S) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int64_t b = 0; b < K / 32; b++) {
-        const float *xb = x + 32 * b;
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
-            v[j] = _mm256_loadu_ps(xb + 8 * j);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
-        }
-        float lanes[8], a = 0.0f;
-        _mm256_storeu_ps(lanes, m);
-        for (int j = 0; j < 8; j++) a = lanes[j] > a ? lanes[j] : a;
-        const __m256 id = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
-        __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int j = 0; j < 4; j++) {
-            const __m256i n = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id),
-                                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            sum[j >> 1] = _mm256_add_epi32(sum[j >> 1], n);
-            int32_t t[8];
-            _mm256_storeu_si256((__m256i *)t, n);
-            for (int l = 0; l < 8; l++) q[32 * b + 8 * j + l] = (int8_t)t[l];
-        }
-        int s[2] = {0, 0};
-        for (int h = 0; h < 2; h++) {
-            int32_t t[8];
-            _mm256_storeu_si256((__m256i *)t, sum[h]);
-            for (int l = 0; l < 8; l++) s[h] += t[l];
-        }
-        dx[b] = a / 127.0f;
-        sx[b] = dx[b] * (float)(s[0] + s[1]);
-        S[2 * b] = s[0];
-        S[2 * b + 1] = s[1];
-    }
-}
-
-/* ---- a type's panel ----------------------------------------------------------------- */
-
-typedef struct {
-    int four;  /* the low 4 bits of the quants two to a byte */
-    int five;  /* and their fifth bits in a plane of 32 bytes (the 5-bit types) */
-    int o;     /* w8 = q - o */
-    int nd;    /* scales per column and unit (8 lanes each): 1, or 2 for Q6_K */
-    int nm;    /* 1 where the type has a min */
-    int g16;   /* groups summed in 16 bits */
-    int sgn;   /* the quants are int8 (Q8_0) */
-} xtype;
-
-static inline __attribute__((always_inline)) xtype xinfo(int t) {
-    switch (t) {
-        case R_Q4_0: return (xtype){1, 0, 8, 1, 0, 8, 0};
-        case R_Q4_1: case R_Q4_K: return (xtype){1, 0, 0, 1, 1, 8, 0};
-        case R_Q5_0: return (xtype){1, 1, 16, 1, 0, 4, 0};
-        case R_Q5_1: case R_Q5_K: return (xtype){1, 1, 0, 1, 1, 4, 0};
-        case R_Q6_K: return (xtype){0, 0, 32, 2, 0, 2, 0};
-        default: return (xtype){0, 0, 0, 1, 0, 1, 1};  /* R_Q8_0 */
-    }
-}
-
-static inline int64_t unit_bytes(xtype t) { return 32 * (t.nd + t.nm) + (t.four ? 128 + 32 * t.five : 256); }
-
-/* The scales of unit u of a repacked row: d0 for weights 0-15, d1 for 16-31, m (0 where none). */
-static void unit_scales(int type, const uint8_t *row, int64_t u, float *d0, float *d1, float *m) {
-    const int sub = (int)(u & 7);
-    *m = 0.0f;
-    switch (type) {
-        case R_Q4_0: *d0 = *d1 = f32at(row + u * 20); return;
-        case R_Q4_1: *d0 = *d1 = f32at(row + u * 24); *m = f32at(row + u * 24 + 4); return;
-        case R_Q5_0: case R_Q8_0: *d0 = *d1 = f32at(row + u * 36); return;
-        case R_Q5_1: *d0 = *d1 = f32at(row + u * 40); *m = f32at(row + u * 40 + 4); return;
-        case R_Q4_K: case R_Q5_K: {
-            const uint8_t *blk = row + (u >> 3) * (type == R_Q4_K ? 192 : 320);
-            *d0 = *d1 = f32at(blk + 4 * sub);
-            *m = -f32at(blk + 32 + 4 * sub);
-            return;
-        }
-        default: {  /* R_Q6_K */
-            const uint8_t *blk = row + (u >> 3) * 320;
-            *d0 = f32at(blk + 8 * sub);
-            *d1 = f32at(blk + 8 * sub + 4);
-            return;
-        }
-    }
-}
-
-/* The 32 integers w8 of unit u of a repacked row. */
-static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
-    const int sub = (int)(u & 7);
-    switch (type) {
-        case R_Q4_0: case R_Q4_1: {
-            const int one = type == R_Q4_1;
-            const uint8_t *qs = row + u * (20 + 4 * one) + 4 + 4 * one;
-            for (int j = 0; j < 16; j++) {
-                w8[j] = (qs[j] & 15) - (one ? 0 : 8);
-                w8[j + 16] = (qs[j] >> 4) - (one ? 0 : 8);
-            }
-            return;
-        }
-        case R_Q4_K: {
-            const uint8_t *qs = row + (u >> 3) * 192 + 64 + 32 * (sub >> 1);
-            for (int j = 0; j < 32; j++) w8[j] = sub & 1 ? qs[j] >> 4 : qs[j] & 15;
-            return;
-        }
-        default: {  /* a byte a weight */
-            const uint8_t *q;
-            if (type == R_Q5_1) q = row + u * 40 + 8;
-            else if (type == R_Q5_0 || type == R_Q8_0) q = row + u * 36 + 4;
-            else q = row + (u >> 3) * 320 + 64 + 32 * sub;  /* Q5_K (unsigned), Q6_K */
-            for (int j = 0; j < 32; j++) w8[j] = type == R_Q5_K ? (int)q[j] : (int)(int8_t)q[j];
-            return;
-        }
-    }
-}
-
-/* Byte offset of weight k of column c (0-7) in a unit's quants, and whether it is a high nibble. */
-static inline int64_t quant_at(xtype t, int c, int k, int *high) {
-    *high = t.four && k >= 16;
-    if (t.four) return 32 * ((k & 15) >> 2) + 4 * c + (k & 3);
-    return 32 * (k >> 2) + 4 * c + (k & 3);
-}
-
-int64_t dspark_q8x_group_bytes(int type, int64_t K) { return K / 32 * unit_bytes(xinfo(type)); }
-
-/* rows repacked rows of `type` (R_), rb bytes each -> panels (dst: ceil(rows / 8) groups). */
-void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int64_t K, uint8_t *dst) {
-    const xtype t = xinfo(type);
-    const int64_t ub = unit_bytes(t), gb = K / 32 * ub;
-    memset(dst, 0, (size_t)((rows + 7) / 8 * gb));
-    for (int64_t r = 0; r < rows; r++) {
-        const int c = (int)(r & 7);
-        uint8_t *grp = dst + (r >> 3) * gb;
-        for (int64_t u = 0; u < K / 32; u++) {
-            uint8_t *unit = grp + u * ub;
-            float d0, d1, m;
-            int w8[32];
-            unit_scales(type, src + r * rb, u, &d0, &d1, &m);
-            unit_w8(type, src + r * rb, u, w8);
-            memcpy(unit + 4 * c, &d0, 4);
-            if (t.nd == 2) memcpy(unit + 32 + 4 * c, &d1, 4);
-            if (t.nm) memcpy(unit + 32 * t.nd + 4 * c, &m, 4);
-            uint8_t *qb = unit + 32 * (t.nd + t.nm);
-            for (int k = 0; k < 32; k++) {
-                int high;
-                const int64_t at = quant_at(t, c, k, &high);
-                const uint8_t v = (uint8_t)(w8[k] + t.o);
-                qb[at] |= high ? (uint8_t)((v & 15) << 4) : (t.four ? v & 15 : v);
-                if (t.five)  /* bit 2h (low nibble) or 2h + 1 (high) of the lane's plane byte */
-                    qb[128 + 4 * c + (k & 3)] |= (uint8_t)(((v >> 4) & 1) << (2 * ((k & 15) >> 2) + high));
-            }
-        }
-    }
-}
-
-/* w8 of weight k of column c of a unit (scalar). */
-static inline int panel_w8(xtype t, const uint8_t *qb, int c, int k) {
-    int high;
-    const uint8_t v = qb[quant_at(t, c, k, &high)];
-    if (t.sgn) return (int8_t)v;
-    if (!t.four) return v - t.o;
-    int n = high ? v >> 4 : v & 15;
-    if (t.five) n |= ((qb[128 + 4 * c + (k & 3)] >> (2 * ((k & 15) >> 2) + high)) & 1) << 4;
-    return n - t.o;
-}
-
-/* The exact fp32 weights of a panel segment (columns [0, rows)). */
-void dspark_q8x_dequant(int type, const uint8_t *panel, int64_t rows, int64_t K, float *out) {
-    const xtype t = xinfo(type);
-    const int64_t ub = unit_bytes(t), gb = K / 32 * ub;
-    for (int64_t r = 0; r < rows; r++) {
-        const int c = (int)(r & 7);
-        for (int64_t u = 0; u < K / 32; u++) {
-            const uint8_t *unit = panel + (r >> 3) * gb + u * ub, *qb = unit + 32 * (t.nd + t.nm);
-            for (int k = 0; k < 32; k++) {
-                const float d = f32at(unit + (t.nd == 2 && k >= 16 ? 32 : 0) + 4 * c);
-                const float w = d * (float)panel_w8(t, qb, c, k);
-                out[r * K + 32 * u + k] = t.nm ? w + f32at(unit + 32 * t.nd + 4 * c) : w;
-            }
-        }
-    }
-}
+#include "q8x_panels.h"
 
 /* ---- the AVX2 kernel: MR rows of x against NG groups of 8 columns ---------------------- */
 
@@ -412,25 +226,6 @@ static void panel_groups(int type, const int8_t *q, const float *dx, const float
 #undef PANEL_TYPES
 
 /* A float segment (F32, F16, BF16) as the gguf precision computes it. */
-static void float_cols(int type, const float *x, int64_t M, int64_t K, const uint8_t *data, int64_t rb, int64_t c,
-                       int64_t nc, float *y, int64_t ldy, const float *bias, float *w) {
-    for (int64_t j = 0; j < nc; j++) {
-        dspark_dequant_row(type, data + (c + j) * rb, K, w);
-        for (int64_t m = 0; m < M; m++) {
-            float a[16] = {0};
-            for (int64_t k = 0; k < K; k += 16)
-                for (int l = 0; l < 16; l++) a[l] = __builtin_fmaf(x[m * K + k + l], w[k + l], a[l]);
-            float t[8], u[4], v[2];
-            for (int l = 0; l < 8; l++) t[l] = a[l] + a[l + 8];
-            for (int l = 0; l < 4; l++) u[l] = t[l] + t[l + 4];
-            for (int l = 0; l < 2; l++) v[l] = u[l] + u[l + 2];
-            const float r = v[0] + v[1];
-            y[m * ldy + j] = bias ? r + bias[j] : r;
-        }
-    }
-}
-
-/* A growing per-call buffer (kept: a decode step calls this some 200 times). */
 static void *grow(void **buf, int64_t *cap, int64_t n) {
     if (n > *cap) {
         free(*buf);
@@ -462,7 +257,7 @@ static int quantize(const float *x, int64_t M, int64_t K, acts *a) {
     a->sx = a->dx + M * nq;
     a->S = (int32_t *)(a->sx + M * nq);
     for (int64_t m = 0; m < M; m++)
-        quantize_row(x + m * K, K, a->q + m * K, a->dx + m * nq, a->sx + m * nq, a->S + 2 * m * nq);
+        dspark_q8x_quantize_row(x + m * K, K, a->q + m * K, a->dx + m * nq, a->sx + m * nq, a->S + 2 * m * nq);
     return 0;
 }
 
@@ -496,7 +291,7 @@ void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, flo
             else if (hi > lo) {
                 const int64_t c0 = 8 * lo, c1 = 8 * hi < rows ? 8 * hi : rows;
                 if (!w) w = malloc((size_t)K * sizeof(float));
-                if (w) float_cols((int)g[0], x, M, K, data, g[2], c0, c1 - c0, y + base + c0, N,
+                if (w) dspark_quant_ref_cols((int)g[0], data, g[2], c0, c1 - c0, x, M, K, y + base + c0, N,
                                   bias ? bias + base + c0 : 0, w);
             }
             base += rows;
@@ -515,14 +310,14 @@ void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias,
     if (!q || !dx || !w) goto out;
     float *sx = dx + M * nq;
     int32_t *S = (int32_t *)(sx + M * nq);
-    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, dx + m * nq, sx + m * nq, S + 2 * m * nq);
+    for (int64_t m = 0; m < M; m++) dspark_q8x_quantize_row(x + m * K, K, q + m * K, dx + m * nq, sx + m * nq, S + 2 * m * nq);
     int64_t n = 0;
     for (int64_t s = 0; s < desc[0]; s++) {
         const int64_t *g = desc + 1 + 4 * s;
         const int type = panel_type((int)g[0]);
         const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
         if (!type) {
-            float_cols((int)g[0], x, M, K, data, g[2], 0, g[1], y + n, N, bias ? bias + n : 0, w);
+            dspark_quant_ref_cols((int)g[0], data, g[2], 0, g[1], x, M, K, y + n, N, bias ? bias + n : 0, w);
             n += g[1];
             continue;
         }

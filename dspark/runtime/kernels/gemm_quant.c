@@ -30,7 +30,7 @@
  *   then t[l] = s[l] + s[l + 8] (l < 8), u[l] = t[l] + t[l + 4], v[l] = u[l] + u[l + 2],
  *   r = v[0] + v[1], and r + bias[n] where there is a bias.
  * A token's logits therefore do not depend on what shares its step. The AVX-512 and
- * AVX2 variants and the scalar reference (`dspark_gemm_quant_ref`) compute exactly that,
+ * AVX2 variants and the scalar reference (`dspark_gemm_quant_ref`, quant_repack.c) compute exactly that,
  * bit for bit (tests/test_quant_kernels.py).
  *
  * A matrix is a descriptor of int64s: [segments, then per segment: ggml type, rows,
@@ -47,14 +47,6 @@
 
 #include "kernels.h"
 #include "quant_units.h"
-
-static inline float reduce16(const float *s) {
-    float t[8], u[4], v[2];
-    for (int l = 0; l < 8; l++) t[l] = s[l] + s[l + 8];
-    for (int l = 0; l < 4; l++) u[l] = t[l] + t[l + 4];
-    for (int l = 0; l < 2; l++) v[l] = u[l] + u[l + 2];
-    return v[0] + v[1];
-}
 
 static inline float reduce256(__m256 lo, __m256 hi) {
     __m256 t = _mm256_add_ps(lo, hi);
@@ -377,44 +369,11 @@ static void gemm_quant(const float *x, const int64_t *desc, const float *bias, f
     }
 }
 
-/* Whether a descriptor's segments are computed with int8 activations (gemm_q8x.c). */
-static int q8x_matrix(const int64_t *desc) {
-    for (int64_t s = 0; s < desc[0]; s++)
-        if (desc[1 + 4 * s] > X_OFF) return 1;
-    return 0;
-}
-
 void dspark_gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int threads) {
-    if (q8x_matrix(desc)) {
+    if (dspark_q8x_matrix(desc)) {
         dspark_gemm_q8x(x, desc, bias, y, M, N, K, threads);
         return;
     }
     gemm_quant(x, desc, bias, y, M, N, K, threads, quant_isa());
 }
-
-/* The scalar reference: the same sequence per output, one element at a time. */
-void dspark_gemm_quant_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
-                           int64_t K) {
-    if (q8x_matrix(desc)) {
-        dspark_gemm_q8x_ref(x, desc, bias, y, M, N, K);
-        return;
-    }
-    float *w = malloc((size_t)K * sizeof(float));
-    int64_t n = 0;
-    for (int64_t s = 0; s < desc[0] && w; s++) {
-        const int64_t *g = desc + 1 + 4 * s;
-        for (int64_t r = 0; r < g[1]; r++, n++) {
-            dspark_dequant_row((int)g[0], (const uint8_t *)(intptr_t)g[3] + r * g[2], K, w);
-            for (int64_t m = 0; m < M; m++) {
-                float acc[16] = {0};
-                for (int64_t k = 0; k < K; k += 16)
-                    for (int l = 0; l < 16; l++) acc[l] = __builtin_fmaf(x[m * K + k + l], w[k + l], acc[l]);
-                const float v = reduce16(acc);
-                y[m * N + n] = bias ? v + bias[n] : v;
-            }
-        }
-    }
-    free(w);
-}
-

@@ -3,6 +3,7 @@
  * matmul's scratch (tests check all three against the gguf package, bit for bit). */
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -245,3 +246,42 @@ void dspark_dequant_rows(int type, const uint8_t *data, int64_t row_bytes, int64
 }
 
 /* The reduction every variant ends with (see the top of this file). */
+
+/* The gguf precision's sequence for one output, one element at a time: sixteen lane
+ * sums (an FMA chain each over k = l, l + 16, ...), then a fixed tree, then the bias
+ * (gemm_quant.c). Columns [c, c + nc) of rows `data` (rb bytes each) of a repacked or
+ * float type, for M rows of x; w: K floats of scratch. */
+void dspark_quant_ref_cols(int type, const uint8_t *data, int64_t rb, int64_t c, int64_t nc, const float *x,
+                           int64_t M, int64_t K, float *y, int64_t ldy, const float *bias, float *w) {
+    for (int64_t j = 0; j < nc; j++) {
+        dspark_dequant_row(type, data + (c + j) * rb, K, w);
+        for (int64_t m = 0; m < M; m++) {
+            float a[16] = {0}, t[8], u[4], v[2];
+            for (int64_t k = 0; k < K; k += 16)
+                for (int l = 0; l < 16; l++) a[l] = __builtin_fmaf(x[m * K + k + l], w[k + l], a[l]);
+            for (int l = 0; l < 8; l++) t[l] = a[l] + a[l + 8];
+            for (int l = 0; l < 4; l++) u[l] = t[l] + t[l + 4];
+            for (int l = 0; l < 2; l++) v[l] = u[l] + u[l + 2];
+            const float r = v[0] + v[1];
+            y[m * ldy + j] = bias ? r + bias[j] : r;
+        }
+    }
+}
+
+/* The gguf matmul's scalar reference (a q8x descriptor: gemm_q8x.c's). */
+void dspark_gemm_quant_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
+                           int64_t K) {
+    if (dspark_q8x_matrix(desc)) {
+        dspark_gemm_q8x_ref(x, desc, bias, y, M, N, K);
+        return;
+    }
+    float *w = malloc((size_t)K * sizeof(float));
+    int64_t n = 0;
+    for (int64_t s = 0; s < desc[0] && w; s++) {
+        const int64_t *g = desc + 1 + 4 * s;
+        dspark_quant_ref_cols((int)g[0], (const uint8_t *)(intptr_t)g[3], g[2], 0, g[1], x, M, K, y + n, N,
+                              bias ? bias + n : 0, w);
+        n += g[1];
+    }
+    free(w);
+}

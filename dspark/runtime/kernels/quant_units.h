@@ -31,6 +31,13 @@ enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8
  * precision, gemm_q8x.c): a matrix carries its precision in its descriptor. */
 enum { X_OFF = 200 };
 
+/* Whether a descriptor's segments are computed with int8 activations (gemm_q8x.c). */
+static inline int dspark_q8x_matrix(const int64_t *desc) {
+    for (int64_t s = 0; s < desc[0]; s++)
+        if (desc[1 + 4 * s] > X_OFF) return 1;
+    return 0;
+}
+
 #define T512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
 static inline float h2f(const uint8_t *p) {
