@@ -292,7 +292,6 @@ def model_matrices(cfg, tensors: dict[str, tuple[str, torch.Tensor]], int8_activ
     return out
 
 
-
 def describe(matrices: dict[str, QuantMatrix]) -> str:
     """Which linears run in which type, in one line."""
     count: dict[str, int] = {}

@@ -225,7 +225,7 @@ static void panel_groups(int type, const int8_t *q, const float *dx, const float
 }
 #undef PANEL_TYPES
 
-/* A float segment (F32, F16, BF16) as the gguf precision computes it. */
+/* A buffer of at least n bytes, kept and grown between calls. */
 static void *grow(void **buf, int64_t *cap, int64_t n) {
     if (n > *cap) {
         free(*buf);
@@ -247,17 +247,23 @@ typedef struct {
     int32_t *S;
 } acts;
 
+/* M rows of x quantized into q (M K bytes) and f (4 M K / 32 floats: dx, sx, S). */
+static acts quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *f) {
+    const int64_t nq = K / 32;
+    acts a = {q, f, f + M * nq, (int32_t *)(f + 2 * M * nq)};
+    for (int64_t m = 0; m < M; m++)
+        dspark_q8x_quantize_row(x + m * K, K, a.q + m * K, a.dx + m * nq, a.sx + m * nq, a.S + 2 * m * nq);
+    return a;
+}
+
+/* quantize_rows into this thread's buffers. */
 static int quantize(const float *x, int64_t M, int64_t K, acts *a) {
     static __thread void *qbuf, *fbuf;
     static __thread int64_t qcap, fcap;
-    const int64_t nq = K / 32;
-    a->q = grow(&qbuf, &qcap, M * K);
-    a->dx = grow(&fbuf, &fcap, 4 * M * nq * 4);
-    if (!a->q || !a->dx) return -1;
-    a->sx = a->dx + M * nq;
-    a->S = (int32_t *)(a->sx + M * nq);
-    for (int64_t m = 0; m < M; m++)
-        dspark_q8x_quantize_row(x + m * K, K, a->q + m * K, a->dx + m * nq, a->sx + m * nq, a->S + 2 * m * nq);
+    int8_t *q = grow(&qbuf, &qcap, M * K);
+    float *f = grow(&fbuf, &fcap, 4 * M * (K / 32) * 4);
+    if (!q || !f) return -1;
+    *a = quantize_rows(x, M, K, q, f);
     return 0;
 }
 
@@ -305,12 +311,12 @@ void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, flo
 void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                          int64_t K) {
     const int64_t nq = K / 32;
-    int8_t *q = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(4 * M * nq) * sizeof(float)), *w = malloc((size_t)K * sizeof(float));
-    if (!q || !dx || !w) goto out;
-    float *sx = dx + M * nq;
-    int32_t *S = (int32_t *)(sx + M * nq);
-    for (int64_t m = 0; m < M; m++) dspark_q8x_quantize_row(x + m * K, K, q + m * K, dx + m * nq, sx + m * nq, S + 2 * m * nq);
+    int8_t *qbuf = malloc((size_t)(M * K));
+    float *f = malloc((size_t)(4 * M * nq) * sizeof(float)), *w = malloc((size_t)K * sizeof(float));
+    if (!qbuf || !f || !w) goto out;
+    const acts a = quantize_rows(x, M, K, qbuf, f);
+    const int8_t *q = a.q;
+    const float *dx = a.dx, *sx = a.sx;
     int64_t n = 0;
     for (int64_t s = 0; s < desc[0]; s++) {
         const int64_t *g = desc + 1 + 4 * s;
@@ -347,7 +353,7 @@ void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias,
         }
     }
 out:
-    free(q);
-    free(dx);
+    free(qbuf);
+    free(f);
     free(w);
 }

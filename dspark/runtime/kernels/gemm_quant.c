@@ -30,8 +30,8 @@
  *   then t[l] = s[l] + s[l + 8] (l < 8), u[l] = t[l] + t[l + 4], v[l] = u[l] + u[l + 2],
  *   r = v[0] + v[1], and r + bias[n] where there is a bias.
  * A token's logits therefore do not depend on what shares its step. The AVX-512 and
- * AVX2 variants and the scalar reference (`dspark_gemm_quant_ref`, quant_repack.c) compute exactly that,
- * bit for bit (tests/test_quant_kernels.py).
+ * AVX2 variants and the scalar reference (`dspark_gemm_quant_ref`, quant_repack.c)
+ * compute exactly that, bit for bit (tests/test_quant_kernels.py).
  *
  * A matrix is a descriptor of int64s: [segments, then per segment: ggml type, rows,
  * bytes per row, address of its first row] (a fused q|k|v projection is three

@@ -11,7 +11,6 @@
 
 int64_t dspark_quant_block(int type, int64_t *bytes) {
     int64_t b = 0, n = 32;
-    if (type > X_OFF) type += R_OFF - X_OFF;
     switch (type) {
         case GT_F32: b = 128; break;
         case GT_F16: case GT_BF16: b = 64; break;
@@ -233,7 +232,6 @@ static int dequant_isa = -1;
 void dspark_quant_set_dequant(int isa) { dequant_isa = isa; }
 
 void dspark_dequant_row(int type, const uint8_t *row, int64_t K, float *restrict out) {
-    if (type > X_OFF) type += R_OFF - X_OFF;
     const int isa = dequant_isa >= 0 ? dequant_isa : dspark_gemm_bf16w_isa();
     if (isa == 512) dq512(type, row, K, out);
     else if (isa == 256) dq256(type, row, K, out);
@@ -244,8 +242,6 @@ void dspark_dequant_row(int type, const uint8_t *row, int64_t K, float *restrict
 void dspark_dequant_rows(int type, const uint8_t *data, int64_t row_bytes, int64_t rows, int64_t K, float *out) {
     for (int64_t r = 0; r < rows; r++) dspark_dequant_row(type, data + r * row_bytes, K, out + r * K);
 }
-
-/* The reduction every variant ends with (see the top of this file). */
 
 /* The gguf precision's sequence for one output, one element at a time: sixteen lane
  * sums (an FMA chain each over k = l, l + 16, ...), then a fixed tree, then the bias

@@ -27,8 +27,8 @@ enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 
  * F32, F16 and BF16 rows are read as stored. */
 enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8_0 = 108, R_Q4_K = 112,
        R_Q5_K = 113, R_Q6_K = 114 };
-/* X_OFF + t: the same bytes as R_OFF + t, computed with int8 activations (the `q8x`
- * precision, gemm_q8x.c): a matrix carries its precision in its descriptor. */
+/* X_OFF + t: a segment of ggml type t packed into q8x panels and computed with int8
+ * activations (q8x_panels.c, gemm_q8x.c): a matrix carries its precision in its descriptor. */
 enum { X_OFF = 200 };
 
 /* Whether a descriptor's segments are computed with int8 activations (gemm_q8x.c). */
