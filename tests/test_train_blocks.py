@@ -241,3 +241,44 @@ def test_round_start_weights_walk_the_rounds_of_decoding(trained, tiny_target, t
     result = Trainer(train_config("dspark", tiny_data, tmp_path / "rs", init=str(trained["dspark"]), max_steps=3,
                                   blocks_per_seq=64, round_start_weight=2.0), tiny_target).run()
     assert result.steps == 3 and torch.isfinite(torch.tensor(result.last_log["loss"]))
+
+
+def test_a_trained_drafter_grows_its_draft_vocabulary(tiny_target, tiny_data, tmp_path):
+    """`--init DIR --draft-vocab-size N` (N above the drafter's): its own tokens keep
+    their LM-head and Markov rows, so it scores them as before; the added tokens are the
+    next most frequent response tokens, their head rows the target's LM-head rows and
+    their Markov rows zero. It trains, saves N tokens and loads as such; a smaller N is
+    refused."""
+    from dspark.drafters import load_drafter
+    from dspark.errors import UserError
+    from dspark.train import Trainer
+    from dspark.train.vocab import response_token_counts
+
+    small = Trainer(train_config("dspark", tiny_data, tmp_path / "small", max_steps=2, draft_vocab_size=20),
+                    tiny_target)
+    small.run()
+    old = load_drafter(tmp_path / "small", tiny_target, dtype=torch.float32)
+    t = Trainer(train_config("dspark", tiny_data, tmp_path / "big", max_steps=2, draft_vocab_size=32,
+                             init=str(tmp_path / "small")), tiny_target)
+    d = t.drafter
+    assert d.config.draft_vocab_size == 32
+    old_ids, ids = old.draft_token_ids(), d.draft_token_ids()
+    assert set(old_ids.tolist()) < set(ids.tolist()) and torch.equal(ids, ids.sort().values)
+    counts = response_token_counts(t.seqs, tiny_target.model.cfg.vocab_size)
+    added = sorted(set(ids.tolist()) - set(old_ids.tolist()))
+    left = [i for i in range(TINY_VOCAB) if i not in set(ids.tolist())]
+    assert not left or min(counts[added]) >= max(counts[left])  # the most frequent of the rest
+    h = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    z = torch.randn(3, 8, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before = old.to_target_logits(old.head_logits(h) + old.markov_head.bias(z))
+        after = d.to_target_logits(d.head_logits(h) + d.markov_head.bias(z))
+        torch.testing.assert_close(after[:, old_ids], before[:, old_ids], atol=1e-6, rtol=1e-6)
+        new = d.to_draft_ids(torch.tensor(added))
+        torch.testing.assert_close(d.lm_head.weight[new], tiny_target.model.lm_head.weight[added].float())
+        assert torch.equal(d.markov_head.markov_w2.weight[new], torch.zeros(len(added), 8))
+    t.run()
+    assert load_drafter(tmp_path / "big", tiny_target, dtype=torch.float32).config.draft_vocab_size == 32
+    with pytest.raises(UserError, match="draft_vocab_size 16"):
+        Trainer(train_config("dspark", tiny_data, tmp_path / "bad", draft_vocab_size=16,
+                             init=str(tmp_path / "small")), tiny_target)

@@ -85,12 +85,15 @@ def init_from_target(drafter, target: Transformer) -> list[str]:
     return done
 
 
-def continue_from(config, target, sizes: dict) -> tuple[torch.nn.Module, list[str]]:
+def continue_from(config, target, sizes: dict,
+                  token_counts: torch.Tensor | None = None) -> tuple[torch.nn.Module, list[str]]:
     """The trained drafter in `config.init` (a directory), in fp32 and training mode, to
     continue from: its sizes and draft vocabulary are kept, so any size flag given must
     agree with it; except a larger --num-layers for dspark/dflash, which grows it
-    (`grow_layers`), and other --target-layer-ids, which move its taps (`retap`); with
-    what was changed, one line each (for the training log)."""
+    (`grow_layers`), other --target-layer-ids, which move its taps (`retap`), and a
+    larger --draft-vocab-size, which adds the next most frequent response tokens
+    (`grow_vocab`, by `token_counts`); with what was changed, one line each (for the
+    training log)."""
     from dspark.drafters import load_drafter
     from dspark.drafters.checkpoint import DrafterCheckpointError
 
@@ -105,6 +108,14 @@ def continue_from(config, target, sizes: dict) -> tuple[torch.nn.Module, list[st
         sizes = {**sizes, "draft_vocab_size": config.draft_vocab_size}
     layers = sizes.pop("num_hidden_layers", have["num_hidden_layers"])
     taps = sizes.pop("target_layer_ids", None)
+    vocab = sizes.pop("draft_vocab_size", None)
+    old_vocab = have.get("draft_vocab_size") or have["vocab_size"]
+    if vocab is not None and vocab != old_vocab:
+        if vocab < old_vocab or have.get("draft_vocab_size") is None:
+            sizes["draft_vocab_size"] = vocab  # reported below: a draft vocabulary grows, never shrinks
+        elif token_counts is None:
+            raise UserError("--draft-vocab-size larger than the drafter's needs the training responses' "
+                            "token counts")
     differ = [f"{k} {v!r} (the drafter has {have.get(k)!r})" for k, v in sizes.items()
               if k in have and have.get(k) != v]
     if layers < have["num_hidden_layers"]:
@@ -116,6 +127,8 @@ def continue_from(config, target, sizes: dict) -> tuple[torch.nn.Module, list[st
     if layers > len(drafter.layers):
         drafter = grow_layers(drafter, target, layers)
     lines = []
+    if vocab is not None and vocab > old_vocab and have.get("draft_vocab_size") is not None:
+        drafter, lines = grow_vocab(drafter, target, vocab, token_counts)
     if taps is not None and list(taps) != list(drafter.target_layer_ids):
         drafter, lines = retap(drafter, target, list(taps))
     drafter.requires_grad_(True)  # its own weights; the target's embeddings and head are not among them
@@ -142,6 +155,50 @@ def grow_layers(drafter, target, num_layers: int) -> torch.nn.Module:
         state[f"layers.{j}.self_attn.o_proj.weight"].zero_()
         state[f"layers.{j}.mlp.down_proj.weight"].zero_()
     return _rebuilt(drafter, target, dataclasses.replace(drafter.config, num_hidden_layers=num_layers), state)
+
+
+@torch.no_grad()
+def grow_vocab(drafter, target, size: int, token_counts: torch.Tensor) -> tuple[torch.nn.Module, list[str]]:
+    """The drafter with a draft vocabulary of `size` tokens: its own tokens, then the
+    most frequent others by `token_counts` ([target vocab] response-token counts). A
+    kept token keeps its rows (the LM head's and the Markov head's output row); a new
+    token's LM-head row starts as the target's own LM-head row of it (as a fresh
+    reduced head starts) and its Markov output row at zero (no bias until trained).
+    Returns the drafter and one line for the training log."""
+    import dataclasses
+
+    from .vocab import most_frequent
+
+    if getattr(drafter, "lm_head", None) is None or "d2t" not in dict(drafter.named_buffers()):
+        raise UserError(f"a {drafter.method} drafter without a reduced draft vocabulary cannot grow one")
+    if size >= drafter.config.vocab_size:
+        raise UserError(f"--draft-vocab-size {size}: a draft vocabulary as large as the target's "
+                        f"({drafter.config.vocab_size}) is the target's shared head; train one with --init target")
+    old_ids = drafter.draft_token_ids().cpu()
+    counts = token_counts.clone().to(torch.long)
+    counts[old_ids] = torch.iinfo(torch.long).max  # the drafter's own tokens come first
+    ids = torch.tensor(most_frequent(counts, size), dtype=torch.long)
+    config = dataclasses.replace(drafter.config, draft_vocab_size=size)
+    state = drafter.state_dict()
+    old_index = drafter.to_draft_ids(ids).cpu()  # -1: a new token
+    kept = old_index >= 0
+    target_head = _dense(getattr(target, "model", target).lm_head)
+    head = target_head[ids.to(target_head.device)].cpu()
+    head[kept] = state["lm_head.weight"][old_index[kept]].float()
+    state["lm_head.weight"] = head
+    if "markov_head.markov_w2.weight" in state:
+        w2 = state["markov_head.markov_w2.weight"]
+        grown = w2.new_zeros(size, w2.shape[1])
+        grown[kept] = w2[old_index[kept]]
+        state["markov_head.markov_w2.weight"] = grown
+    state["d2t"] = ids - torch.arange(size)
+    t2d = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    state["t2d"] = t2d
+    out = _rebuilt(drafter, target, config, state)
+    new = int((~kept).sum())
+    return out, [f"draft vocabulary {old_ids.numel()} -> {size}: {new} tokens added, their LM-head rows "
+                 "from the target's LM head, their Markov rows at zero"]
 
 
 def _rebuilt(drafter, target, config, state: dict) -> torch.nn.Module:

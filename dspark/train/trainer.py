@@ -115,7 +115,9 @@ class Trainer:
             sizes["draft_vocab_size"] = config.draft_vocab_size
         init_lines = []
         if config.init not in ("random", "target"):
-            self.drafter, init_lines = continue_from(config, target, sizes)
+            counts = (response_token_counts(self.seqs, target.model.cfg.vocab_size)
+                      if config.draft_vocab_size else None)
+            self.drafter, init_lines = continue_from(config, target, sizes, counts)
         else:
             try:
                 self.drafter = create_drafter(config.method, target, seed=config.seed, dtype=torch.float32,
