@@ -282,3 +282,18 @@ def test_a_trained_drafter_grows_its_draft_vocabulary(tiny_target, tiny_data, tm
     with pytest.raises(UserError, match="draft_vocab_size 16"):
         Trainer(train_config("dspark", tiny_data, tmp_path / "bad", draft_vocab_size=16,
                              init=str(tmp_path / "small")), tiny_target)
+
+
+def test_lookup_miss_weight_reweighs_the_loss(trained, tiny_target, tiny_data, tmp_path):
+    """`--lookup-miss-weight W`: the same batches, a different weighted loss (the lookup
+    misses weigh 1 + W); W = 0 is the plain objective."""
+    from dspark.train import Trainer
+
+    logs = {}
+    for w in (0.0, 3.0):
+        t = Trainer(train_config("dspark", tiny_data, tmp_path / f"w{w}", max_steps=1,
+                                 init=str(trained["dspark"]), lookup_miss_weight=w), tiny_target)
+        assert (t.lookup_misses is None) == (w == 0)
+        t.run()
+        logs[w] = _log(tmp_path / f"w{w}")[0]
+    assert logs[0.0]["loss"] != logs[3.0]["loss"]

@@ -77,6 +77,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "round (its own matches in the step): decoding's cost is its rounds, and only a round's "
                         "start can shorten them. Walks the anchors of a visit; set --blocks-per-seq to the "
                         "longest response so a visit holds them all (default: %(default)s, every anchor alike)")
+    o.add_argument("--lookup-miss-weight", type=float, default=0.0, metavar="W",
+                   help="weigh 1 + W the anchors where prompt lookup (the default's other proposer, over the "
+                        "prompt and the reply so far) would not propose the next token: where the hybrid "
+                        "relies on the drafter (default: %(default)s, every anchor alike)")
     o.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: %(default)s)")
     o.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default: 4%% of the steps)")
     o.add_argument("--weight-decay", type=float, default=0.01, help="(default: %(default)s)")
@@ -133,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         blocks_per_seq=args.blocks_per_seq, draft_vocab_size=args.draft_vocab_size,
         sample_from_anchor=args.sample_from_anchor, init=args.init,
         teacher_topk=args.teacher_topk, position_decay=args.position_decay,
-        round_start_weight=args.round_start_weight, save_every_min=args.save_every_min,
+        round_start_weight=args.round_start_weight, lookup_miss_weight=args.lookup_miss_weight,
+        save_every_min=args.save_every_min,
         eval_data=args.eval_data, early_stop_evals=args.early_stop_evals, lr=args.lr, warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed, precision=args.precision,
         max_seq_len=args.max_seq_len, save_every=args.save_every, log_every=args.log_every,

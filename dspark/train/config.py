@@ -65,6 +65,7 @@ class TrainConfig:
     teacher_topk: int = 32  # p kept as its top-k
     position_decay: float = 2.0  # block position weights exp(-k/decay) (the paper's: 4)
     round_start_weight: float = 0.0  # anchors where greedy decoding starts a round weigh 1 + this (heldout.py)
+    lookup_miss_weight: float = 0.0  # anchors where prompt lookup misses weigh 1 + this (lookup_misses.py)
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int | None = None  # None = 4% of the steps
@@ -110,6 +111,8 @@ class TrainConfig:
             raise UserError(f"--position-decay must be > 0, got {self.position_decay}")
         if not self.round_start_weight >= 0:
             raise UserError(f"--round-start-weight must be >= 0, got {self.round_start_weight}")
+        if not self.lookup_miss_weight >= 0:
+            raise UserError(f"--lookup-miss-weight must be >= 0, got {self.lookup_miss_weight}")
         if self.save_every_min is not None and self.save_every_min <= 0:
             raise UserError(f"--save-every-min must be > 0, got {self.save_every_min}")
         if self.epochs <= 0:

@@ -40,6 +40,7 @@ from .checkpoints import read_checkpoint, write_checkpoint
 from .config import TrainConfig
 from .data import BatchPlan, end_of_turn_id, load_sequences, visit_anchors, visits_per_sequence
 from .heldout import heldout_acceptance, round_start_weights
+from .lookup_misses import lookup_miss_weights, lookup_misses
 from .init import continue_from
 from .losses import (expected_acceptance_length, greedy_match, per_position_means, position_terms, position_weights,
                      weighted_sums)
@@ -146,6 +147,15 @@ class Trainer:
         if config.resume:
             self._resume()
         self.teacher = self._make_teacher(self.seqs)
+        # per sequence, the positions where prompt lookup would not propose the next token
+        self.lookup_misses = None
+        if config.lookup_miss_weight:
+            self.lookup_misses = [lookup_misses(s.tokens) for s in self.seqs]
+            share = (sum(int(m[s.prompt_len:-1].sum()) for m, s in zip(self.lookup_misses, self.seqs))
+                     / max(1, sum(len(s.tokens) - s.prompt_len - 1 for s in self.seqs)))
+            if self.dist.is_main:
+                print(f"[train] lookup misses: {share:.1%} of the response anchors weigh "
+                      f"{1 + config.lookup_miss_weight:g}", file=sys.stderr)
         self.eval_teacher = self._make_teacher(self.eval_seqs) if self.eval_seqs else None
         module = _DraftModule(self.drafter)
         if self.dist.world_size > 1:
@@ -207,6 +217,9 @@ class Trainer:
         matched = greedy_match(drafted.logits.detach(), p_ids[:, 0])
         if self.config.round_start_weight:
             weights = weights * round_start_weights(batch, matched, self.config.round_start_weight)
+        if self.lookup_misses is not None:
+            misses = [self.lookup_misses[i] for i in local]
+            weights = weights * lookup_miss_weights(batch, misses, self.config.lookup_miss_weight).to(weights)
         terms = position_terms(drafted.logits, p_ids, p_probs, labels, drafted.conf_logits)
         sums = weighted_sums(terms, weights)
         denom = self.dist.all_reduce(weights.sum().detach().double()).float()
