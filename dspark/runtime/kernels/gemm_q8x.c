@@ -25,9 +25,10 @@
  * The weights are packed at load (`dspark_q8x_pack`, from the repacked rows of
  * quant_units.h) into panels of 8 columns, so one register holds 4 consecutive weights
  * of 8 columns and each lane sums one output (llama.cpp packs its AVX2 GEMM likewise):
- * per group of 8 columns and unit, D[8] (Q6_K D0[8], D1[8]) fp32, M[8] fp32 (types with a
- * min), then the quants as unsigned bytes (q, the types' offset added back: Q4_0 q, Q5_0
- * q, Q6_K q; Q8_0 as int8): four weights 4g .. 4g + 3 of column c at byte 32 g + 4 c; the
+ * per group of 8 columns and unit, D[8] (Q6_K D0[8], D1[8]), M[8] (types with a min), fp16
+ * where they are the file's fp16 values (Q4_0/1, Q5_0/1, Q8_0: 16 bytes each) and fp32 where
+ * they are products (the K types' d sc, dmin m: 32 bytes), then the quants as unsigned
+ * bytes (q, the types' offset added back: Q4_0 q, Q5_0 q, Q6_K q; Q8_0 as int8): four weights 4g .. 4g + 3 of column c at byte 32 g + 4 c; the
  * 4-bit types two to a byte (chunk h at 32 h: low nibbles weights 4h .. of group h, high
  * nibbles weights 16 + 4h .. of group h + 4), the 5-bit types likewise plus a plane of
  * their fifth bits (byte 128 + 4c + b: bit 2h for weight 4h + b, bit 2h + 1 for 16 + 4h + b).
@@ -74,7 +75,7 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
     for (int64_t u = 0; u < nq; u++) {
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) {
-            const uint8_t *unit = grp + g * gb + u * ub, *qb = unit + 32 * (t.nd + t.nm);
+            const uint8_t *unit = grp + g * gb + u * ub, *qb = unit_quants(t, unit);
             __m256i P[4], P0[4];
 #pragma GCC unroll 4
             for (int i = 0; i < MR; i++) P[i] = P0[i] = _mm256_setzero_si256();
@@ -139,13 +140,13 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
                     }
                 }
             }
-            const __m256 D0 = _mm256_loadu_ps((const float *)unit);
+            const __m256 D0 = unit_scales8(t, unit, 0);
 #pragma GCC unroll 4
             for (int i = 0; i < MR; i++) {
                 const __m256 e = _mm256_set1_ps(dx[i * nq + u]);
                 const int32_t *Su = S + (i * nq + u) * 2;
                 if (t.nd == 2) {
-                    const __m256 D1 = _mm256_loadu_ps((const float *)(unit + 32));
+                    const __m256 D1 = unit_scales8(t, unit, 1);
                     const __m256i p0 = _mm256_sub_epi32(P0[i], _mm256_set1_epi32(t.o * Su[0]));
                     const __m256i p1 = _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * Su[1]));
                     acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), acc[i][g]);
@@ -155,7 +156,7 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
                     acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), acc[i][g]);
                 }
                 if (t.nm)
-                    off[i][g] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(unit + 32 * t.nd)),
+                    off[i][g] = _mm256_fmadd_ps(unit_scales8(t, unit, t.nd),
                                                 _mm256_set1_ps(sx[i * nq + u]), off[i][g]);
             }
         }
@@ -334,18 +335,18 @@ void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias,
             for (int64_t m = 0; m < M; m++) {
                 float acc = 0.0f, off = 0.0f;
                 for (int64_t u = 0; u < nq; u++) {
-                    const uint8_t *unit = data + (r >> 3) * g[2] + u * ub, *qb = unit + 32 * (t.nd + t.nm);
+                    const uint8_t *unit = data + (r >> 3) * g[2] + u * ub, *qb = unit_quants(t, unit);
                     const int8_t *qu = q + m * K + 32 * u;
                     const float e = dx[m * nq + u];
                     int p[2] = {0, 0};
                     for (int k = 0; k < 32; k++) p[k >> 4] += panel_w8(t, qb, c, k) * qu[k];
                     if (t.nd == 2) {
-                        acc = __builtin_fmaf((float)p[0], f32at(unit + 4 * c) * e, acc);
-                        acc = __builtin_fmaf((float)p[1], f32at(unit + 32 + 4 * c) * e, acc);
+                        acc = __builtin_fmaf((float)p[0], unit_scale(t, unit, 0, c) * e, acc);
+                        acc = __builtin_fmaf((float)p[1], unit_scale(t, unit, 1, c) * e, acc);
                     } else {
-                        acc = __builtin_fmaf((float)(p[0] + p[1]), f32at(unit + 4 * c) * e, acc);
+                        acc = __builtin_fmaf((float)(p[0] + p[1]), unit_scale(t, unit, 0, c) * e, acc);
                     }
-                    if (t.nm) off = __builtin_fmaf(f32at(unit + 32 * t.nd + 4 * c), sx[m * nq + u], off);
+                    if (t.nm) off = __builtin_fmaf(unit_scale(t, unit, t.nd, c), sx[m * nq + u], off);
                 }
                 const float v = t.nm ? acc + off : acc;
                 y[m * N + n] = bias ? v + bias[n] : v;

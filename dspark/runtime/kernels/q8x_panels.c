@@ -119,10 +119,16 @@ void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int
             int w8[32];
             unit_scales(type, src + r * rb, u, &d0, &d1, &m);
             unit_w8(type, src + r * rb, u, w8);
-            memcpy(unit + 4 * c, &d0, 4);
-            if (t.nd == 2) memcpy(unit + 32 + 4 * c, &d1, 4);
-            if (t.nm) memcpy(unit + 32 * t.nd + 4 * c, &m, 4);
-            uint8_t *qb = unit + 32 * (t.nd + t.nm);
+            const float sc[3] = {d0, t.nd == 2 ? d1 : m, m};
+            for (int v = 0; v < t.nd + t.nm; v++) {
+                if (t.half) {  /* the file's fp16 value, exact both ways */
+                    const uint16_t h = _cvtss_sh(sc[v], _MM_FROUND_TO_NEAREST_INT);
+                    memcpy(unit + scale_bytes(t) * v + 2 * c, &h, 2);
+                } else {
+                    memcpy(unit + scale_bytes(t) * v + 4 * c, &sc[v], 4);
+                }
+            }
+            uint8_t *qb = (uint8_t *)unit_quants(t, unit);
             for (int k = 0; k < 32; k++) {
                 int high;
                 const int64_t at = quant_at(t, c, k, &high);
@@ -142,11 +148,11 @@ void dspark_q8x_dequant(int type, const uint8_t *panel, int64_t rows, int64_t K,
     for (int64_t r = 0; r < rows; r++) {
         const int c = (int)(r & 7);
         for (int64_t u = 0; u < K / 32; u++) {
-            const uint8_t *unit = panel + (r >> 3) * gb + u * ub, *qb = unit + 32 * (t.nd + t.nm);
+            const uint8_t *unit = panel + (r >> 3) * gb + u * ub, *qb = unit_quants(t, unit);
             for (int k = 0; k < 32; k++) {
-                const float d = f32at(unit + (t.nd == 2 && k >= 16 ? 32 : 0) + 4 * c);
+                const float d = unit_scale(t, unit, t.nd == 2 && k >= 16, c);
                 const float w = d * (float)panel_w8(t, qb, c, k);
-                out[r * K + 32 * u + k] = t.nm ? w + f32at(unit + 32 * t.nd + 4 * c) : w;
+                out[r * K + 32 * u + k] = t.nm ? w + unit_scale(t, unit, t.nd, c) : w;
             }
         }
     }
