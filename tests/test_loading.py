@@ -80,6 +80,12 @@ def test_auto_weighs_decode_verification_and_batch_products_alike():
     assert pick_precision(point(bf16w=(0.30, 0.40, 1.0), fp32=(0.56, 0.60, 1.1))) == "bf16w"
     assert pick_precision(point(bf16w=(0.30, 0.40, 1.0), fp32=(0.25, 0.30, 0.9))) == "fp32"
     assert pick_precision(point(bf16w=(0.30, 0.40, 1.0), fp32=(0.29, 0.38, 0.95))) == "bf16w"  # a near-tie
+    # q8x (the embedded default's Q4_1 blocks, int8 activations) where clearly faster: the
+    # AVX2 EPYC's measurement; not where AMX's bf16x runs multi-row products far faster
+    avx2 = point(q8x=(0.07, 0.18, 0.49), bf16w=(0.14, 0.20, 0.62), fp32=(0.24, 0.30, 0.70))
+    assert pick_precision(avx2) == "q8x"
+    assert pick_precision({**amx, **point(q8x=(0.07, 0.25, 0.90))}) == "bf16x"
+    assert pick_precision(point(q8x=(0.13, 0.19, 0.60), bf16w=(0.14, 0.20, 0.62), fp32=(0.24, 0.30, 0.70))) == "bf16w"
 
 
 def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
@@ -91,10 +97,10 @@ def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
 
     cfg = load_transformer(path, "fp32").cfg
     monkeypatch.setattr(machine, "busy_cores", lambda interval=0.5: 0.0)
-    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("fp32", "dtype auto: fp32 (x)", True))
+    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats, q8x=None: ("fp32", "dtype auto: fp32 (x)", True))
     assert cached_choose_precision(cfg) == ("fp32", "dtype auto: fp32 (x)")
 
-    def fail(cfg, repeats):
+    def fail(cfg, repeats, q8x=None):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(loader, "_measure_precisions", fail)
@@ -102,15 +108,15 @@ def test_precision_choice_is_measured_once(tiny_hf, tmp_path, monkeypatch):
     assert picked == "fp32" and "measured earlier" in line
     # A noisy measurement is not kept.
     other = loader.ModelConfig(**{**cfg.__dict__, "hidden_size": cfg.hidden_size * 2})
-    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("bf16w", "dtype auto: bf16w", False))
+    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats, q8x=None: ("bf16w", "dtype auto: bf16w", False))
     assert cached_choose_precision(other)[0] == "bf16w"
     # Nor a steady one taken while other processes kept the cores busy (all runs slow alike).
     monkeypatch.setattr(machine, "busy_cores", lambda interval=0.5: 1.5)
-    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("bf16w", "dtype auto: bf16w", True))
+    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats, q8x=None: ("bf16w", "dtype auto: bf16w", True))
     picked, line = cached_choose_precision(other)
     assert picked == "bf16w" and "1.5 cores busy" in line
     monkeypatch.setattr(machine, "busy_cores", lambda interval=0.5: 0.0)
-    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats: ("fp32", "dtype auto: fp32", True))
+    monkeypatch.setattr(loader, "_measure_precisions", lambda cfg, repeats, q8x=None: ("fp32", "dtype auto: fp32", True))
     assert cached_choose_precision(other)[0] == "fp32"
     monkeypatch.setattr(loader, "_measure_precisions", fail)
     assert cached_choose_precision(other)[0] == "fp32"
@@ -171,3 +177,27 @@ def test_older_prepared_files_are_pruned(tmp_path, monkeypatch):
     assert torch.equal(prepared.load_prepared(old[0])["w"], torch.zeros(2))
     prepared.save_prepared(d / "m-1-bf16w-0000000000ee.safetensors", {"w": torch.ones(2)})
     assert old[0].exists() and not (d / "m-1-bf16w-0000000000ff.safetensors").exists()
+
+
+def test_auto_measures_the_embedded_default_models_blocks_in_q8x(monkeypatch, tmp_path):
+    """The embedded default model ships as a Q4_1 file: `auto` measures its own first
+    gate|up blocks with int8 activations beside bf16w/bf16x/fp32, and where q8x is picked
+    the model is served from those blocks (a pick of bf16w keeps the dense weights)."""
+    from dspark.runtime import precision
+    from dspark.runtime.target import Target
+
+    seen = []
+
+    def measured(pick):
+        def fake(cfg, repeats, q8x=None):
+            seen.append(q8x)
+            return pick, f"dtype auto: {pick} (x)", False  # not steady: never cached
+        return fake
+
+    monkeypatch.setattr(precision, "_precision_cache_file", lambda cfg, q8x_type=None: tmp_path / "p.json")
+    monkeypatch.setattr(precision, "_measure_precisions", measured("q8x"))
+    model = Target.load("default", device="cpu", max_len=64).model
+    assert [name for name, _ in seen[0]] == ["Q4_1", "Q4_1"] and seen[0][0][1].dtype == torch.uint8
+    assert model.precision == "q8x"
+    monkeypatch.setattr(precision, "_measure_precisions", measured("bf16w"))
+    assert Target.load("default", device="cpu", max_len=64).model.precision == "bf16w"

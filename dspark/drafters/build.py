@@ -50,6 +50,8 @@ def drafter_from_spec(spec: DrafterSpec, target) -> Drafter:
         sizes = {"max_draft_tokens": spec.num_speculative_tokens} if spec.num_speculative_tokens else {}
         return create_drafter("ngram", target.model, max_ngram=spec.prompt_lookup_max,
                               min_ngram=spec.prompt_lookup_min, **sizes)
+    from dspark.runtime import cpu_kernels
+    from dspark.runtime.precision import QUANTIZED_PRECISIONS
     from dspark.runtime.weight_formats import pack_cpu_bf16_linears, use_bf16_weights, use_f32_panels, weight_kind
 
     path = spec.drafter_path(getattr(target, "family", target.name))
@@ -69,6 +71,10 @@ def drafter_from_spec(spec: DrafterSpec, target) -> Drafter:
         use_bf16_weights(drafter, embeddings=False, kind=precision)
     elif precision == "fp32" and weight_kind(target.model.layers[0].qkv_proj) == "f32w":
         use_f32_panels(drafter)  # the target's batch-invariant fp32 kernel (2-3 rows at a row's cost)
+    elif precision in QUANTIZED_PRECISIONS and cpu_kernels.available():
+        # a quantized target (gguf, q8x): the drafter in bf16w, half the bytes of its fp32
+        # weights (its own output need not be batch-invariant: verification is exact)
+        use_bf16_weights(drafter, embeddings=False, kind="bf16w")
     else:
         pack_cpu_bf16_linears(drafter)
     if spec.lookup:

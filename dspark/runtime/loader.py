@@ -66,6 +66,18 @@ def _is_embedded_default(path: Path) -> bool:
         return False
 
 
+def _mlp_segments(blocks: dict) -> list | None:
+    """The first layer's gate|up blocks of a quantized file (QuantMatrix segments), or
+    None where the file keeps them in float types."""
+    from .quantized import QUANTIZED_TYPES
+
+    a = "model.layers.0.mlp."
+    segs = [blocks.get(a + "gate_proj.weight"), blocks.get(a + "up_proj.weight")]
+    if any(s is None or s[0] not in QUANTIZED_TYPES for s in segs):
+        return None
+    return segs
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -160,7 +172,15 @@ def load_transformer(
         if log is not None:
             log(line)
     elif precision == "auto":
-        precision, line = cached_choose_precision(cfg)
+        # the embedded default model (a Q4_1 file): its blocks with int8 activations are
+        # measured beside bf16w/bf16x/fp32 on its own first gate|up matrix
+        own = None
+        if quantized and _gguf_runs():
+            blocks = read_quantized(path)
+            own = _mlp_segments(blocks)
+        precision, line = cached_choose_precision(cfg, q8x=own)
+        if precision != "q8x":
+            blocks = None
         if log is not None:
             log(line)
     if precision in QUANTIZED_PRECISIONS and not quantized:

@@ -134,6 +134,10 @@ MEASURE_WEIGHTS_MAX = 16
 #: the rows of the measured products: a decode step, a verification, a batch or chunk
 MEASURE_ROWS = (1, 8, 32)
 
+#: the q8x measurement's weights: copies of one of the model's matrices, this many bytes
+#: of panels in all (twice a 2-core machine's share of a 32 MiB cache)
+MEASURE_Q8X_BYTES = 64 << 20
+
 #: untimed rounds before the timed ones: a freshly packed weight's first products run
 #: up to 2.6x slower (page faults, the tiles' first use; an AMX Xeon: 0.28 ms, then
 #: 0.17, 0.12, 0.11 for a 1-row product), which made every measurement there look noisy
@@ -149,10 +153,13 @@ BUSY_CORES_LIMIT = 0.5
 PRECISION_NOISE = 0.5
 
 
-def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]:
+def _measure_precisions(cfg: ModelConfig, repeats: int, q8x: list | None = None) -> tuple[str, str, bool]:
     """choose_precision's (precision, line), and whether the runs were steady. The
     rounds alternate the precisions, so that a machine's drift falls on all alike;
-    `pick_precision` weighs the times."""
+    `pick_precision` weighs the times. `q8x`: the segments of one of the model's own
+    quantized matrices of the MLP shape (`quantized.QuantMatrix`), to measure the file's
+    blocks with int8 activations beside the others (copies of it, MEASURE_Q8X_BYTES in
+    all, so that they stream from memory too)."""
     import time
 
     from . import cpu_kernels, cpu_matmul
@@ -178,6 +185,8 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
             fwds.append({"bf16w": _Bf16WeightLinearForward, "bf16x": _Bf16DotLinearForward,
                          "fp32": _F32PanelLinearForward}[name](lin))
         forwards[name] = fwds
+    if q8x is not None:
+        forwards["q8x"] = _q8x_forwards(q8x, cfg.hidden_size)
     times: dict[tuple[str, int], list[float]] = {(n, m): [] for n in forwards for m in MEASURE_ROWS}
     with torch.inference_mode():
         for r in range(MEASURE_WARMUP + repeats):
@@ -200,6 +209,16 @@ def _measure_precisions(cfg: ModelConfig, repeats: int) -> tuple[str, str, bool]
     return best, f"dtype auto: {best} (matmuls of {rows} rows: {report})", steady
 
 
+def _q8x_forwards(segments: list, in_features: int) -> list:
+    from .quantized import QuantMatrix, gemm_quant
+
+    one = QuantMatrix(segments, in_features, int8_activations=True)
+    copies = max(1, -(-MEASURE_Q8X_BYTES // max(1, one.nbytes)))
+    mats = [one] + [QuantMatrix([(n, b.clone()) for n, b in segments], in_features, int8_activations=True)
+                    for _ in range(copies - 1)]
+    return [lambda x, m=m: gemm_quant(x, m) for m in mats]
+
+
 def pick_precision(point: dict[tuple[str, int], float]) -> str:
     """The precision of the measured products' times (`point[precision, rows]`, ms;
     bf16w and fp32 always, bf16x where it runs): each one's cost is the geometric mean
@@ -219,12 +238,16 @@ def pick_precision(point: dict[tuple[str, int], float]) -> str:
     # multi-token steps and prefill on AMX (served: docs/journal.md, "bf16x")
     if "bf16x" in ms and ms["bf16x"] <= 0.9 * ms[best]:
         best = "bf16x"
+    # q8x (measured for the embedded default model's quantized file) likewise
+    if "q8x" in ms and ms["q8x"] <= 0.9 * ms[best]:
+        best = "q8x"
     return best
 
 
-def _precision_cache_file(cfg: ModelConfig) -> Path:
+def _precision_cache_file(cfg: ModelConfig, q8x_type: str | None = None) -> Path:
     """Keyed like the step-time tables: the machine (CPU, ISA, threads), torch, the
-    kernels' build, and the model's MLP shape (all the measurement depends on)."""
+    kernels' build, the model's MLP shape and the quantized type measured for q8x (all
+    the measurement depends on)."""
     import hashlib
 
     from . import cpu_kernels
@@ -233,24 +256,26 @@ def _precision_cache_file(cfg: ModelConfig) -> Path:
 
     kernels = cpu_kernels.build_id() if cpu_kernels.available() else "-"
     key = (f"{machine_id()}|{torch.__version__}|{kernels}|{cfg.hidden_size}x{cfg.intermediate_size}"
-           f"|rows {MEASURE_ROWS}")  # a pick by an older measurement is measured again
+           f"|rows {MEASURE_ROWS}" + (f"|q8x {q8x_type}" if q8x_type else ""))  # older picks: measured again
     return cache_root() / "precision" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
 
 
-def cached_choose_precision(cfg: ModelConfig) -> tuple[str, str]:
+def cached_choose_precision(cfg: ModelConfig, q8x: list | None = None) -> tuple[str, str]:
     """`choose_precision`, measured once per machine and model shape: a steady
-    measurement is cached (a noisy one is used for this load only)."""
-    f = _precision_cache_file(cfg)
+    measurement is cached (a noisy one is used for this load only). `q8x`: one of the
+    model's quantized matrices (segments), to measure q8x among the candidates."""
+    q8x_type = "+".join(sorted({name for name, _ in q8x})) if q8x else None
+    f = _precision_cache_file(cfg, q8x_type)
     try:
         saved = json.loads(f.read_text())
-        if saved["precision"] in MEASURED_CPU:
+        if saved["precision"] in MEASURED_CPU or (q8x and saved["precision"] == "q8x"):
             return saved["precision"], saved["line"] + f"  [measured earlier; delete {f} to measure again]"
     except (OSError, ValueError, KeyError, TypeError):
         pass
     from .machine import busy_cores
 
     before = busy_cores(0.1)
-    best, line, steady = _measure_precisions(cfg, repeats=7)
+    best, line, steady = _measure_precisions(cfg, repeats=7, q8x=q8x)
     # Runs that are all slow alike look steady: a measurement beside other work (busy
     # cores before or after it) is used for this load only, never kept for the next.
     busy = max(before or 0.0, busy_cores(0.1) or 0.0)
