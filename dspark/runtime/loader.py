@@ -52,11 +52,12 @@ def resolve_model_path(model: str | None) -> Path:
 
 def _is_embedded_default(path: Path) -> bool:
     """The embedded default model's own checkpoint. Its weights ship as a Q4_1 file only
-    to fit a package; `auto` keeps measuring its precision (bf16x where the CPU has it:
-    on a 2-core avx512_bf16 EPYC, engine alone at one request, plain decoding 1.24x
-    [1.20-1.30] and the default configuration 1.33x the gguf precision's speed, whose
-    multi-row steps and prefill run fp32 products: docs/journal.md). `--dtype gguf` or `q8x`
-    serve its file as stored; another file of it (`--model FILE.gguf`) is a user's file."""
+    to fit a package; `auto` measures its precision among bf16w, bf16x, fp32 and q8x on
+    its own blocks (never gguf, whose multi-row steps and prefill run fp32 products: on a
+    2-core avx512_bf16 EPYC bf16x ran the default configuration 1.33x gguf's speed; on a
+    2-core AVX2 EPYC q8x ran it 1.44x bf16w's at one request and 1.10x at 16:
+    docs/journal.md). `--dtype gguf` serves its file as stored; another file of it
+    (`--model FILE.gguf`) is a user's file."""
     from .cache import cache_root
     from .default_model import DEFAULT_MODEL_NAME
 

@@ -27,7 +27,7 @@ mkdir -p "$OUT"
 COMMON=(--method dspark --data "$DATA" --eval-data "$HELD" --feature-cache "$CACHE"
         --init dspark/drafters/shipped/dspark --batch-size 4 --position-decay 2 --blocks-per-seq 64
         --lr 3e-4 --max-steps "$STEPS" --save-every 100 --save-every-min 10 --log-every 10
-        --threads "$THREADS" --no-progress $RESUME)
+        --dtype bf16w --threads "$THREADS" --no-progress $RESUME)
 declare -A ARGS=(
   [control]=""
   [vocab16k]="--draft-vocab-size 16384"
