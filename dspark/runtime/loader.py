@@ -67,18 +67,6 @@ def _is_embedded_default(path: Path) -> bool:
         return False
 
 
-def _mlp_segments(blocks: dict) -> list | None:
-    """The first layer's gate|up blocks of a quantized file (QuantMatrix segments), or
-    None where the file keeps them in float types."""
-    from .quantized import QUANTIZED_TYPES
-
-    a = "model.layers.0.mlp."
-    segs = [blocks.get(a + "gate_proj.weight"), blocks.get(a + "up_proj.weight")]
-    if any(s is None or s[0] not in QUANTIZED_TYPES for s in segs):
-        return None
-    return segs
-
-
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -162,7 +150,8 @@ def load_transformer(
     if _ALIASES.get(asked, asked) == "bf16" and precision != "bf16" and log is not None:
         log(f"dtype bf16 on a CPU: {precision} (bf16 weights through the batch-invariant kernels; oneDNN's "
             "bf16 matmuls would let a token's logits depend on what shares its step)")
-    from .quantized import choose_activations, describe, has_quantized, model_matrices, read_quantized
+    from .quantized import (FIRST_MLP, choose_activations, describe, first_mlp_segments, has_quantized,
+                            model_matrices, read_quantized)
 
     quantized = precision in ("auto", *QUANTIZED_PRECISIONS) and device_is_cpu(device) and has_quantized(path)
     blocks = None
@@ -175,13 +164,8 @@ def load_transformer(
     elif precision == "auto":
         # the embedded default model (a Q4_1 file): its blocks with int8 activations are
         # measured beside bf16w/bf16x/fp32 on its own first gate|up matrix
-        own = None
-        if quantized and _gguf_runs():
-            blocks = read_quantized(path)
-            own = _mlp_segments(blocks)
+        own = first_mlp_segments(read_quantized(path, FIRST_MLP)) if quantized and _gguf_runs() else None
         precision, line = cached_choose_precision(cfg, q8x=own)
-        if precision != "q8x":
-            blocks = None
         if log is not None:
             log(line)
     if precision in QUANTIZED_PRECISIONS and not quantized:

@@ -229,13 +229,28 @@ def write_quantized(gguf: Path, out_dir: Path) -> dict[str, int] | None:
     return counts
 
 
-def read_quantized(model_dir: Path) -> dict[str, tuple[str, torch.Tensor]]:
-    """The blocks file of a converted checkpoint: HF name -> (type, blocks)."""
+def read_quantized(model_dir: Path, names: list[str] | None = None) -> dict[str, tuple[str, torch.Tensor]]:
+    """The blocks file of a converted checkpoint: HF name -> (type, blocks); only
+    `names` (those the file has) where given."""
     from safetensors import safe_open
 
     with safe_open(str(Path(model_dir) / QUANTIZED_FILE), framework="pt") as fh:
         types = json.loads(fh.metadata()["types"])
-        return {k: (types[k], fh.get_tensor(k)) for k in fh.keys()}
+        keys = fh.keys() if names is None else [k for k in names if k in types]
+        return {k: (types[k], fh.get_tensor(k)) for k in keys}
+
+
+#: the matrix `auto` measures a quantized file's precisions on: the first layer's gate|up
+FIRST_MLP = ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+
+
+def first_mlp_segments(tensors: dict[str, tuple[str, torch.Tensor]]) -> list | None:
+    """The first layer's gate|up blocks (QuantMatrix segments), or None where the file
+    lacks them or keeps them in float types."""
+    segs = [tensors.get(name) for name in FIRST_MLP]
+    if any(s is None or s[0] not in QUANTIZED_TYPES for s in segs):
+        return None
+    return segs
 
 
 def has_quantized(model_dir: Path) -> bool:
@@ -312,10 +327,9 @@ def choose_activations(cfg, tensors: dict[str, tuple[str, torch.Tensor]], repeat
     large wherever both run)."""
     import time
 
-    a = "model.layers.0.mlp."
-    if a + "gate_proj.weight" not in tensors or a + "up_proj.weight" not in tensors:
+    segs = first_mlp_segments(tensors)
+    if segs is None:
         return "gguf", "dtype auto: gguf (the file's blocks as stored, fp32 activations)"
-    segs = [tensors[a + "gate_proj.weight"], tensors[a + "up_proj.weight"]]
     k = cfg.hidden_size
     mats = {"gguf": QuantMatrix(segs, k), "q8x": QuantMatrix(segs, k, int8_activations=True)}
     gen = torch.Generator().manual_seed(0)

@@ -130,7 +130,8 @@ def continue_from(config, target, sizes: dict,
     if vocab is not None and vocab > old_vocab and have.get("draft_vocab_size") is not None:
         drafter, lines = grow_vocab(drafter, target, vocab, token_counts)
     if taps is not None and list(taps) != list(drafter.target_layer_ids):
-        drafter, lines = retap(drafter, target, list(taps))
+        drafter, moved = retap(drafter, target, list(taps))
+        lines += moved
     drafter.requires_grad_(True)  # its own weights; the target's embeddings and head are not among them
     return drafter.train(), lines
 
@@ -169,7 +170,7 @@ def grow_vocab(drafter, target, size: int, token_counts: torch.Tensor) -> tuple[
 
     from .vocab import most_frequent
 
-    if getattr(drafter, "lm_head", None) is None or "d2t" not in dict(drafter.named_buffers()):
+    if not getattr(drafter.config, "reduced_vocab", False):
         raise UserError(f"a {drafter.method} drafter without a reduced draft vocabulary cannot grow one")
     if size >= drafter.config.vocab_size:
         raise UserError(f"--draft-vocab-size {size}: a draft vocabulary as large as the target's "

@@ -28,9 +28,10 @@
  * per group of 8 columns and unit, D[8] (Q6_K D0[8], D1[8]), M[8] (types with a min), fp16
  * where they are the file's fp16 values (Q4_0/1, Q5_0/1, Q8_0: 16 bytes each) and fp32 where
  * they are products (the K types' d sc, dmin m: 32 bytes), then the quants as unsigned
- * bytes (q, the types' offset added back: Q4_0 q, Q5_0 q, Q6_K q; Q8_0 as int8): four weights 4g .. 4g + 3 of column c at byte 32 g + 4 c; the
- * 4-bit types two to a byte (chunk h at 32 h: low nibbles weights 4h .. of group h, high
- * nibbles weights 16 + 4h .. of group h + 4), the 5-bit types likewise plus a plane of
+ * bytes (q, the types' offset added back: Q4_0 q, Q5_0 q, Q6_K q; Q8_0 as int8): four
+ * weights 4g .. 4g + 3 of column c at byte 32 g + 4 c; the 4-bit types two to a byte
+ * (chunk h at 32 h: low nibbles weights 4h .. of group h, high nibbles weights 16 + 4h ..
+ * of group h + 4), the 5-bit types likewise plus a plane of
  * their fifth bits (byte 128 + 4c + b: bit 2h for weight 4h + b, bit 2h + 1 for 16 + 4h + b).
  * Columns past the segment's last are zero.
  * Products are summed in 16 bits for as many groups as cannot overflow (|w8 q| pairs:

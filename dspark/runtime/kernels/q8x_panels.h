@@ -42,7 +42,9 @@ static inline int64_t unit_bytes(xtype t) {
 }
 
 /* A unit's quants, after its scale vectors (D, [D1], [M]). */
-static inline const uint8_t *unit_quants(xtype t, const uint8_t *unit) { return unit + scale_bytes(t) * (t.nd + t.nm); }
+static inline const uint8_t *unit_quants(xtype t, const uint8_t *unit) {
+    return unit + scale_bytes(t) * (t.nd + t.nm);
+}
 
 /* Scale vector v (0: D or D0, 1: D1 or M ...) of column c of a unit, as fp32 (exact). */
 static inline float unit_scale(xtype t, const uint8_t *unit, int v, int c) {
