@@ -52,12 +52,13 @@ def test_q8x_equals_its_reference_whatever_shares_the_call(qtype):
     k = 256 if BLOCKS[qtype][0] == 256 else 96
     w = QuantMatrix([(qtype, random_blocks(qtype, 37, k, seed=1 + TYPES[qtype]))], k, int8_activations=True)
     gen = torch.Generator().manual_seed(TYPES[qtype])
-    x = torch.randn(16, k, generator=gen) * torch.rand(16, 1, generator=gen) * 10
+    # 40 rows: the few-row tiles (up to 8 rows), the many-row path and its chunks of 32
+    x = torch.randn(40, k, generator=gen) * torch.rand(40, 1, generator=gen) * 10
     bias = torch.randn(37, generator=gen)
     ref = gemm_quant(x, w, bias, reference=True)
     full = gemm_quant(x, w, bias)
     assert torch.equal(full, ref)
-    for m in range(1, 16):
+    for m in range(1, 21):
         assert torch.equal(gemm_quant(x[m - 1:2 * m], w, bias), full[m - 1:2 * m]), m
     before = torch.get_num_threads()
     try:

@@ -284,6 +284,26 @@ def test_a_trained_drafter_grows_its_draft_vocabulary(tiny_target, tiny_data, tm
                              init=str(tmp_path / "small")), tiny_target)
 
 
+
+def test_a_trained_drafter_grows_its_vocabulary_and_moves_its_taps_in_one_run(tiny_target, tiny_data, tmp_path,
+                                                                            capsys):
+    """`--init DIR --draft-vocab-size N --target-layer-ids ...` at once: both are applied
+    and both are reported in the training log (each change one line)."""
+    from dspark.drafters import load_drafter
+    from dspark.train import Trainer
+
+    Trainer(train_config("dspark", tiny_data, tmp_path / "small", max_steps=2, draft_vocab_size=20),
+            tiny_target).run()
+    old = load_drafter(tmp_path / "small", tiny_target, dtype=torch.float32).target_layer_ids
+    taps = [t for t in old[:-1]] + [next(t for t in (3, 2, 1, 0, -1) if t not in old)]
+    capsys.readouterr()
+    t = Trainer(train_config("dspark", tiny_data, tmp_path / "both", max_steps=2, draft_vocab_size=32,
+                             init=str(tmp_path / "small"), target_layer_ids=taps), tiny_target)
+    log = capsys.readouterr().err
+    assert t.drafter.config.draft_vocab_size == 32 and t.drafter.target_layer_ids == taps
+    assert "[train] init: draft vocabulary" in log and "[train] init: tap " in log
+
+
 def test_lookup_miss_weight_reweighs_the_loss(trained, tiny_target, tiny_data, tmp_path):
     """`--lookup-miss-weight W`: the same batches, a different weighted loss (the lookup
     misses weigh 1 + W); W = 0 is the plain objective."""

