@@ -17,13 +17,47 @@ static inline __attribute__((always_inline)) __m256i shift_bits(__m256i x, int s
     return s > 0 ? _mm256_slli_epi16(x, s) : s < 0 ? _mm256_srli_epi16(x, -s) : x;
 }
 
+/* The low and high nibbles of chunk h of a 4-bit unit's quants (weights 4h .. 4h + 3 and
+ * 16 + 4h .. of the 8 columns, as unsigned bytes), with their fifth bits from `plane` for the
+ * 5-bit types: bit 2h (2h + 1) of each plane byte to bit 4 (16-bit shifts of at most 4 keep
+ * it within its byte). */
+static inline __attribute__((always_inline)) void nibbles(xtype t, const uint8_t *qb, __m256i plane, int h,
+                                                          __m256i *lo, __m256i *hi) {
+    const __m256i f15 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
+    *lo = _mm256_and_si256(v, f15);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
+    if (t.five) {
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(shift_bits(plane, 4 - 2 * h), b4));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(shift_bits(plane, 3 - 2 * h), b4));
+    }
+}
+
+/* One row's unit added to its sums, the contract's step: acc += (P - o S) D dx (Q6_K: its
+ * halves P0 with D0 and P with D1), off += M sx where the type has a min. */
+static inline __attribute__((always_inline)) void unit_terms(xtype t, __m256i P0, __m256i P, __m256 D0, __m256 D1,
+                                                             __m256 Mv, float dx, float sx, const int32_t *Su,
+                                                             __m256 *acc, __m256 *off) {
+    const __m256 e = _mm256_set1_ps(dx);
+    if (t.nd == 2) {
+        const __m256i p0 = _mm256_sub_epi32(P0, _mm256_set1_epi32(t.o * Su[0]));
+        const __m256i p1 = _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * Su[1]));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), *acc);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), *acc);
+    } else {
+        const __m256i p = t.o ? _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P;
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), *acc);
+    }
+    if (t.nm) *off = _mm256_fmadd_ps(Mv, _mm256_set1_ps(sx), *off);
+}
+
 static inline __attribute__((always_inline)) void panel_tile(int type, const int8_t *q, const float *dx,
                                                              const float *sx, const int32_t *S, int64_t K,
                                                              const uint8_t *grp, int64_t gb, __m256 *out,
                                                              int MR, int NG) {
     const xtype t = xinfo(type);
     const int64_t nq = K / 32, ub = unit_bytes(t);
-    const __m256i ones = _mm256_set1_epi16(1), f15 = _mm256_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4][4], off[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
@@ -39,18 +73,12 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
             if (t.four) {
                 __m256i a[4];
                 const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
-                const __m256i b4 = _mm256_set1_epi8(16);
 #pragma GCC unroll 4
                 for (int i = 0; i < MR; i++) a[i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (int h = 0; h < 4; h++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
-                    __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
-                    if (t.five) {  /* bit 2h (2h + 1) of each plane byte to bit 4: 16-bit shifts of at
-                                    * most 4 keep it within its byte */
-                        lo = _mm256_or_si256(lo, _mm256_and_si256(shift_bits(plane, 4 - 2 * h), b4));
-                        hi = _mm256_or_si256(hi, _mm256_and_si256(shift_bits(plane, 3 - 2 * h), b4));
-                    }
+                    __m256i lo, hi;
+                    nibbles(t, qb, plane, h, &lo, &hi);
 #pragma GCC unroll 4
                     for (int i = 0; i < MR; i++) {
                         const int8_t *qu = q + i * K + 32 * u;
@@ -98,24 +126,12 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
                 }
             }
             const __m256 D0 = unit_scales8(t, unit, 0);
+            const __m256 D1 = t.nd == 2 ? unit_scales8(t, unit, 1) : D0;
+            const __m256 Mv = t.nm ? unit_scales8(t, unit, t.nd) : D0;
 #pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
-                const __m256 e = _mm256_set1_ps(dx[i * nq + u]);
-                const int32_t *Su = S + (i * nq + u) * 2;
-                if (t.nd == 2) {
-                    const __m256 D1 = unit_scales8(t, unit, 1);
-                    const __m256i p0 = _mm256_sub_epi32(P0[i], _mm256_set1_epi32(t.o * Su[0]));
-                    const __m256i p1 = _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * Su[1]));
-                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), acc[i][g]);
-                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), acc[i][g]);
-                } else {
-                    const __m256i p = t.o ? _mm256_sub_epi32(P[i], _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P[i];
-                    acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), acc[i][g]);
-                }
-                if (t.nm)
-                    off[i][g] = _mm256_fmadd_ps(unit_scales8(t, unit, t.nd),
-                                                _mm256_set1_ps(sx[i * nq + u]), off[i][g]);
-            }
+            for (int i = 0; i < MR; i++)
+                unit_terms(t, P0[i], P[i], D0, D1, Mv, dx[i * nq + u], sx[i * nq + u], S + (i * nq + u) * 2,
+                           &acc[i][g], &off[i][g]);
         }
     }
 #pragma GCC unroll 4
@@ -136,7 +152,7 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
                                                              const uint8_t *grp, int M, __m256 *acc, __m256 *off) {
     const xtype t = xinfo(type);
     const int64_t nq = K / 32, ub = unit_bytes(t);
-    const __m256i ones = _mm256_set1_epi16(1), f15 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int i = 0; i < M; i++) acc[i] = off[i] = _mm256_setzero_ps();
     for (int64_t u = 0; u < nq; u++) {
         const uint8_t *unit = grp + u * ub, *qb = unit_quants(t, unit);
@@ -144,16 +160,7 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
         if (t.four) {
             const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
 #pragma GCC unroll 4
-            for (int h = 0; h < 4; h++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * h));
-                __m256i lo = _mm256_and_si256(v, f15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), f15);
-                if (t.five) {
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(shift_bits(plane, 4 - 2 * h), b4));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(shift_bits(plane, 3 - 2 * h), b4));
-                }
-                wv[h] = lo;
-                wv[4 + h] = hi;
-            }
+            for (int h = 0; h < 4; h++) nibbles(t, qb, plane, h, &wv[h], &wv[4 + h]);
         } else {
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
@@ -181,18 +188,7 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
                     P = _mm256_setzero_si256();
                 }
             }
-            const __m256 e = _mm256_set1_ps(dx[i * nq + u]);
-            const int32_t *Su = S + (i * nq + u) * 2;
-            if (t.nd == 2) {
-                const __m256i p0 = _mm256_sub_epi32(P0, _mm256_set1_epi32(t.o * Su[0]));
-                const __m256i p1 = _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * Su[1]));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), acc[i]);
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), acc[i]);
-            } else {
-                const __m256i p = t.o ? _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P;
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), acc[i]);
-            }
-            if (t.nm) off[i] = _mm256_fmadd_ps(Mv, _mm256_set1_ps(sx[i * nq + u]), off[i]);
+            unit_terms(t, P0, P, D0, D1, Mv, dx[i * nq + u], sx[i * nq + u], S + (i * nq + u) * 2, &acc[i], &off[i]);
         }
     }
     if (t.nm)
