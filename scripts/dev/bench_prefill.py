@@ -49,6 +49,8 @@ def llama(server: str, model: str, prompts: list[list[int]], threads: int, port:
                 break
             except OSError:
                 time.sleep(0.5)
+        else:
+            raise SystemExit(f"{server} did not answer on port {port} within a minute")
         out = []
         for i, ids in enumerate([prompts[0]] + prompts):
             body = json.dumps({"prompt": ids, "n_predict": 1, "cache_prompt": False}).encode()
