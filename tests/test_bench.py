@@ -380,14 +380,21 @@ def test_bench_runs_without_torch(tmp_path):
     assert r.returncode == 0 and "sweep" in r.stdout, r.stderr
 
 
-def test_each_round_of_a_sweep_gets_prompts_no_other_round_had():
+def test_no_point_of_a_sweep_meets_another_points_prompts():
     """A server that keeps recent prompts (a prefix cache, llama.cpp's slots) must not
-    meet a round's prompts again in the next: rounds take disjoint shares of the pool
-    while it holds enough, and share it when it does not."""
-    from dspark.bench.sweep import round_pool
+    meet a prompt again later in the run: every (round, concurrency) point takes its own
+    slice while the pool holds enough, rounds share their concurrencies' prompts when it
+    holds less, and everything is shared when even that is too much."""
+    from dspark.bench.sweep import point_pools
 
-    pool = list(range(100))
-    shares = [round_pool(pool, r, 3, 30) for r in range(3)]
-    assert all(len(s) == 33 for s in shares)
-    assert not set(shares[0]) & set(shares[1]) and not set(shares[1]) & set(shares[2])
-    assert round_pool(pool, 1, 3, 40) == pool  # 33 a round is too few for 40: the whole pool
+    needs = {1: 17, 16: 32}
+    pools, repeats = point_pools(list(range(200)), 3, needs)
+    assert repeats == "none" and len(pools) == 6
+    seen = [x for share in pools.values() for x in share]
+    assert len(seen) == len(set(seen)) == 3 * 49
+    assert all(len(pools[r, c]) == needs[c] for r in range(3) for c in needs)
+    pools, repeats = point_pools(list(range(100)), 3, needs)  # 33 a round: >= 32, < 49
+    assert repeats == "across concurrencies"
+    assert pools[0, 1] == pools[0, 16] and not set(pools[0, 1]) & set(pools[1, 1])
+    pools, repeats = point_pools(list(range(60)), 3, needs)
+    assert repeats == "across rounds" and pools[2, 16] == list(range(60))

@@ -38,9 +38,9 @@ from .sweep_servers import DEFAULT_CONFIGS, KNOWN_CONFIGS, LaunchedServer, Serve
 __all__ = ["DEFAULT_CONFIGS", "KNOWN_CONFIGS", "ServerConfig", "SweepConfig", "merge_results", "parse_server_config",
            "run_sweep", "write_report"]
 
-#: prompts of round r at concurrency c are drawn with seed + c + ROUND_SEED_STEP * r: every
-#: configuration gets the same prompts within a round, and each round new ones (its own
-#: share of the pool, `round_pool`, where the dataset has enough)
+#: prompts of round r at concurrency c are drawn with seed + c + ROUND_SEED_STEP * r from that
+#: point's own share of the pool (`point_pools`): every configuration gets the same prompts at
+#: a point, and no other point of the run meets them where the dataset has enough
 ROUND_SEED_STEP = 100_003
 
 
@@ -112,18 +112,22 @@ def run_sweep(cfg: SweepConfig, log=None) -> dict:
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    most = max(cfg.warmups_at(c) + cfg.prompts_at(c) for c in cfg.concurrencies)
+    needs = {c: cfg.warmups_at(c) + cfg.prompts_at(c) for c in cfg.concurrencies}
     try:
-        # a share of its own per round where the prompts suffice (a server that keeps recent
-        # prompts, a prefix cache or llama.cpp's slots, must not meet the same ones again)
         pool = (jsonl_prompts(cfg.load.dataset_path) if cfg.load.dataset_path
-                else heldout_prompts(cfg.load.dataset, most * cfg.rounds))
+                else heldout_prompts(cfg.load.dataset, cfg.rounds * sum(needs.values())))
     except DatasetError as e:
         raise BenchError(str(e)) from None
+    pools, repeats = point_pools(pool, cfg.rounds, needs)
+    if repeats != "none":
+        log(f"warning: {len(pool)} prompts are too few for {cfg.rounds * sum(needs.values())} without repeats: "
+            f"prompts repeat {repeats} (a server's prefix cache or reply history may hit; fewer "
+            f"--num-prompts, --rounds or concurrencies avoid it)")
     sweep_id = uuid.uuid4().hex[:12]
     entries = {s.name: {**s.describe(), "status": "ok", "error": None, "startup_s": None, "log": None}
                for s in cfg.configs}
-    result = {"sweep": {**cfg.describe(), "id": sweep_id}, "configs": list(entries.values()), "points": [],
+    result = {"sweep": {**cfg.describe(), "id": sweep_id, "prompt_repeats": repeats},
+              "configs": list(entries.values()), "points": [],
               "tiers": [], "ratios": [], "order": []}
     servers = {s.name: LaunchedServer(s, entries[s.name], cfg.out_dir / "logs", cfg.server_args,
                                       cfg.server_timeout, cfg.grace_period) for s in cfg.configs}
@@ -138,7 +142,7 @@ def run_sweep(cfg: SweepConfig, log=None) -> dict:
 
     def measure(visit: Visit) -> bool:
         try:
-            run = _run_point(visit, servers[visit.config].url, cfg, pool, log)
+            run = _run_point(visit, servers[visit.config].url, cfg, pools, log)
         except BenchError as e:
             fail(visit.config, e)
             return False
@@ -237,6 +241,8 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
     s["concurrencies"] = sorted({p["concurrency"] for p in merged["points"]} | set(s["concurrencies"]))
     s["rounds"] = max(sweep_rounds(r["sweep"]) for r in results)
     s.pop("repeats", None)
+    kinds = {r["sweep"].get("prompt_repeats") for r in results}
+    s["prompt_repeats"] = kinds.pop() if len(kinds) == 1 else None  # several kinds: the report says nothing
     s.pop("id", None)  # points keep their own sweep's id: only those of one sweep are paired
     if tiers is not None:
         s["tiers"] = tiers
@@ -249,22 +255,35 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
 
 
 
-def round_pool(pool: list, round_index: int, rounds: int, need: int) -> list:
-    """Round `round_index`'s own share of the prompt pool: rounds do not repeat each
-    other's prompts while the pool holds `need` per round; a smaller pool is shared."""
+def point_pools(pool: list, rounds: int, needs: dict[int, int]) -> tuple[dict[tuple[int, int], list], str]:
+    """Each (round, concurrency) point's share of the prompt pool, and what repeats.
+
+    A server that keeps recent prompts (our prefix cache and reply history, llama.cpp's
+    slots) must not meet a prompt twice in a run: while the pool holds every point's
+    `needs[c]` (warm-ups + measured), every point of every round gets a slice no other
+    point has ("none" repeat). A smaller pool gives each round its own share for all its
+    concurrencies ("across concurrencies"), and a pool too small for that is shared by
+    every point ("across rounds")."""
+    total = rounds * sum(needs.values())
+    if len(pool) >= total:
+        out, at = {}, 0
+        for r in range(rounds):
+            for c in sorted(needs):
+                out[r, c] = pool[at: at + needs[c]]
+                at += needs[c]
+        return out, "none"
     share = len(pool) // max(rounds, 1)
-    if share < need:
-        return pool
-    return pool[round_index * share: (round_index + 1) * share]
+    if share >= max(needs.values()):
+        return {(r, c): pool[r * share: (r + 1) * share] for r in range(rounds) for c in needs}, "across concurrencies"
+    return {(r, c): pool for r in range(rounds) for c in needs}, "across rounds"
 
 
-def _run_point(visit: Visit, url: str, cfg: SweepConfig, pool: list, log) -> dict:
+def _run_point(visit: Visit, url: str, cfg: SweepConfig, pools: dict, log) -> dict:
     c = visit.concurrency
     n, warm = cfg.prompts_at(c), cfg.warmups_at(c)
     load = replace(cfg.load, base_url=url, max_concurrency=c, num_prompts=n, num_warmups=warm,
                    metrics_url=None, request_rate=float("inf"))
-    prompts = sample_prompts(round_pool(pool, visit.round, cfg.rounds, warm + n),
-                             warm + n, cfg.load.seed + c + ROUND_SEED_STEP * visit.round)
+    prompts = sample_prompts(pools[visit.round, c], warm + n, cfg.load.seed + c + ROUND_SEED_STEP * visit.round)
     run = run_benchmark(load, prompts)
     run["round"] = visit.round
     f = {key: _num(figure(run, POINT_FIGURES[key])) for key in

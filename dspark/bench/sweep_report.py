@@ -38,6 +38,15 @@ def _with_spread(p: dict, key: str, digits: int = 1) -> str:
     return text
 
 
+def _repeat_line(repeats: str | None) -> str:
+    if repeats is None:  # a sweep from before this was recorded, or several merged
+        return ""
+    if repeats == "none":
+        return "No prompt is sent twice in the run (each point of each round has its own)."
+    return (f"**Prompts repeat {repeats}** (the dataset was too small): a server that keeps recent "
+            "prompts may meet some again.")
+
+
 def sweep_markdown(result: dict, plots: list[str]) -> str:
     s = result["sweep"]
     load = s["load"]
@@ -45,7 +54,8 @@ def sweep_markdown(result: dict, plots: list[str]) -> str:
              f"Concurrency {', '.join(map(str, s['concurrencies']))}; {s['num_prompts']} prompts and "
              f"{s['num_warmups']} warm-ups per point. " + _method_line(s),
              f"Dataset `{load['dataset_path'] or load['dataset']}`, endpoint `{load['endpoint']}`, max tokens "
-             f"{load['max_tokens']}, temperature {load['temperature']}, ignore_eos {load['ignore_eos']}.",
+             f"{load['max_tokens']}, temperature {load['temperature']}, ignore_eos {load['ignore_eos']}. "
+             + _repeat_line(s.get("prompt_repeats")),
              "Per-user tok/s is the median over requests of 1/TPOT, TPOT = (E2EL - TTFT) / (output tokens - 1); "
              "ITL is per streamed chunk (a speculative server sends several tokens per chunk). "
              "Acceptance length = accepted draft tokens / drafts + 1, from the server's /metrics.", "",
