@@ -139,7 +139,9 @@ def _add_round_args(p: argparse.ArgumentParser, rounds: int) -> None:
                    help="start each configuration's server for its turn in every round and stop it after (for "
                         "servers that do not fit in memory together; each round pays every start-up)")
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="measured requests per point (default: 4 x concurrency, at least 16)")
+                   help="measured requests per point (default: 4 x concurrency, at least 16); every point of "
+                        "every round gets prompts no other point sends, while the dataset holds enough (else "
+                        "a warning, and the report says what repeats)")
     p.add_argument("--num-warmups", type=int, default=None,
                    help="unmeasured requests before each point (default: the concurrency)")
     p.add_argument("--server-args", default="",
