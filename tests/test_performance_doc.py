@@ -22,6 +22,21 @@ def test_every_results_record_has_date_commit_cpu_command_and_summary():
             pd.check_record(json.loads(line), f"{f.name}:{n}")
 
 
+def test_records_run_oldest_to_newest_and_the_later_of_a_day_counts_as_newer(tmp_path):
+    """Records are appended: a file is in date order, and within a day `load` (newest
+    first) puts the later line first, so the headline takes the last sweep of a day."""
+    for f in (ROOT / "benchmarks" / "results").glob("*.jsonl"):
+        dates = [json.loads(line)["date"] for line in f.read_text().splitlines() if line.strip()]
+        assert dates == sorted(dates), f"{f.name} is not in date order (append new records at its end)"
+    cpu = {"kind": "AVX2 EPYC", "flags": ["avx2"]}
+    rows = [{"date": d, "commit": c, "cpu": cpu, "command": "x", "summary": s}
+            for d, c, s in [("2026-12-01", "aaaaaaa", "old"), ("2026-12-02", "bbbbbbb", "morning"),
+                            ("2026-12-02", "ccccccc", "evening")]]
+    for q in pd.QUESTIONS:
+        (tmp_path / f"{q}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["summary"] for r in pd.load(tmp_path)["peers"]] == ["evening", "morning", "old"]
+
+
 def test_a_record_without_a_commit_is_refused():
     record = {"date": "2026-12-06", "cpu": {"kind": "AMX Xeon", "flags": []}, "command": "x", "summary": "y"}
     with pytest.raises(pd.RecordError, match="commit"):

@@ -74,7 +74,9 @@ def load(results: Path = RESULTS) -> dict[str, list[dict]]:
             record = json.loads(line)
             check_record(record, f"{path.name}:{n}")
             records.append(record)
-        out[path.stem] = sorted(records, key=lambda r: r["date"], reverse=True)
+        # newest first: by date, and within a day the later line (records are appended)
+        out[path.stem] = [r for _, r in sorted(enumerate(records), key=lambda ir: (ir[1]["date"], ir[0]),
+                                                reverse=True)]
     return out
 
 
