@@ -106,12 +106,14 @@ def test_a_slow_drafter_is_left_out_where_lookup_matches_and_output_stays_exact(
     assert engine.total_stats().accepted_tokens > 0
 
 
-def _governed(target, max_num_seqs: int, lookup: bool = True, max_model_len: int = 512) -> LLMEngine:
+def _governed(target, max_num_seqs: int, lookup: bool = True, max_model_len: int = 512,
+              live: bool = True) -> LLMEngine:
     """The default configuration's shape (adaptive verification, the fallback from 8
-    requests with trials from 2) on a synthetic step-time table."""
+    requests with trials from 2) on a synthetic step-time table; `live=False` keeps that
+    table as it is (no live correction from the machine's measured steps)."""
     table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=1.0)
     spec = SpeculativeConfig(method="dspark", num_speculative_tokens=5, enable_adaptive_verification=True,
-                             lookup=lookup, plain_fallback=8, plain_trials_from=2)
+                             lookup=lookup, plain_fallback=8, plain_trials_from=2, live_step_time=live)
     return LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
                      step_table=table)
 
@@ -232,11 +234,13 @@ def test_a_drafter_that_beats_lookup_alone_is_turned_on_by_measurement(greedy_ca
     it is faster and emits more (here: lookup alone made to find nothing) the level
     keeps it; exact. The governor's clock is the test's: every step costs what a plain
     step costs (a wall clock on a busy machine can make either mode lose a 4-step block),
-    so the drafter wins on the tokens it emits, counted."""
+    so the drafter wins on the tokens it emits, counted. The step-time table stays the
+    synthetic one: corrected live from a busy machine's steps, it could price the drafter's
+    verification lengths down to nothing (the suite once saw the level stay off)."""
     from dspark.engine.load_governor import ON, LoadGovernor
 
     target, prompts, refs = greedy_case
-    engine = _governed(target, 1)
+    engine = _governed(target, 1, live=False)
     governor = engine.drafter_or_lookup = LoadGovernor(from_requests=1, trial=4, min_gap=8, max_gap=64, warmup=1)
     record = governor.record
     governor.record = lambda n, out, seconds, plain, *rest: record(n, out, plain, plain, *rest)
