@@ -30,6 +30,7 @@ from pathlib import Path
 from .dataset import DatasetError, heldout_prompts, jsonl_prompts, sample_prompts
 from .rounds import (POINT_FIGURES, Visit, aggregate_runs, figure, ratio_table, round_order, round_visits,
                      usable_point)
+from .provenance import provenance
 from .runner import BenchError, LoadConfig, run_benchmark
 from .server_process import ServerStartError
 from .sweep_report import reference_name, sweep_rounds, write_outputs
@@ -65,6 +66,8 @@ class SweepConfig:
     grace_period: float = 30.0
     #: the configuration others are compared with in the report (None: `none`, else the first)
     reference: str | None = None
+    #: the command line that ran the sweep, kept in sweep.json's provenance
+    command: str | None = None
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -126,7 +129,8 @@ def run_sweep(cfg: SweepConfig, log=None) -> dict:
     sweep_id = uuid.uuid4().hex[:12]
     entries = {s.name: {**s.describe(), "status": "ok", "error": None, "startup_s": None, "log": None}
                for s in cfg.configs}
-    result = {"sweep": {**cfg.describe(), "id": sweep_id, "prompt_repeats": repeats},
+    result = {"sweep": {**cfg.describe(), "id": sweep_id, "prompt_repeats": repeats,
+                        "provenance": provenance(cfg.command)},
               "configs": list(entries.values()), "points": [],
               "tiers": [], "ratios": [], "order": []}
     servers = {s.name: LaunchedServer(s, entries[s.name], cfg.out_dir / "logs", cfg.server_args,
@@ -206,6 +210,11 @@ def write_report(result: dict, out_dir: Path, plots: bool = True) -> None:
 _COMPARABLE = ("dataset", "dataset_path", "endpoint", "max_tokens", "temperature", "ignore_eos", "seed")
 
 
+def _measured_by(result: dict) -> tuple:
+    prov = result["sweep"].get("provenance") or {}
+    return prov.get("commit"), prov.get("dirty"), (prov.get("cpu") or {}).get("kind")
+
+
 def merge_results(results: list[dict], tiers: list[float] | None = None, reference: str | None = None,
                   drop: list[str] = (), replace_repeated: bool = False) -> dict:
     """One report from several sweep.json results (e.g. a configuration measured
@@ -244,6 +253,8 @@ def merge_results(results: list[dict], tiers: list[float] | None = None, referen
     kinds = {r["sweep"].get("prompt_repeats") for r in results}
     s["prompt_repeats"] = kinds.pop() if len(kinds) == 1 else None  # several kinds: the report says nothing
     s.pop("id", None)  # points keep their own sweep's id: only those of one sweep are paired
+    if any(_measured_by(r) != _measured_by(first) for r in results):
+        s.pop("provenance", None)  # several commits or CPUs: no one provenance (`bench record` refuses it)
     if tiers is not None:
         s["tiers"] = tiers
     if reference is not None:

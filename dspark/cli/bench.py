@@ -17,7 +17,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="serving benchmarks against any OpenAI-compatible server")
     p.set_defaults(func=lambda _: p.print_help())
-    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report,engine,fuzz,soak,overload,peers}")
+    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report,record,engine,fuzz,soak,overload,peers}")
 
     s = bsub.add_parser(
         "serve", help="load one running server and report latency, throughput and acceptance",
@@ -126,8 +126,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from . import bench_engine
 
     bench_engine.register(bsub)  # the engine alone, in one process: it imports the engine only when run
-    from . import bench_tools
+    from . import bench_record, bench_tools
 
+    bench_record.register(bsub)  # a sweep as a results record
     bench_tools.register(bsub)  # fuzz, soak, overload, peers: tools with their own arguments
 
 
@@ -271,7 +272,7 @@ def _sweep_config(args: argparse.Namespace, configs: list, reference: str | None
         load=_load_config(args, base_url="http://127.0.0.1"), tiers=tiers, rounds=args.rounds,
         together=not args.one_server_at_a_time, num_prompts=args.num_prompts, num_warmups=args.num_warmups,
         server_args=shlex.split(args.server_args), server_timeout=args.server_timeout,
-        grace_period=args.grace_period, reference=reference)
+        grace_period=args.grace_period, reference=reference, command=shlex.join(["dspark", *args.cli_argv]))
 
 
 def _failed_configs(result: dict, out_dir: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -85,15 +84,6 @@ def _warm_replies(n: int) -> list[list[int]]:
     return replies[:n]
 
 
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def run_engine(args: argparse.Namespace) -> int:
     from dspark.errors import UserError
 
@@ -106,6 +96,7 @@ def run_engine(args: argparse.Namespace) -> int:
     lanes = _parse_configs(args)
 
     from dspark.bench.dataset import heldout_prompts
+    from dspark.bench.provenance import git_commit
     from dspark.eval.lockstep import LockstepRun, prompt_lengths, run_lockstep, summarize
     from dspark.runtime.machine import machine_id
     from dspark.runtime.target import Target
@@ -127,13 +118,13 @@ def run_engine(args: argparse.Namespace) -> int:
     summary = summarize(runs, names)
     spread = f" (x [{1 - args.length_spread:g}, {1 + args.length_spread:g}])" if args.length_spread else ""
     print(f"\n{len(prompts)} prompts, concurrency {args.concurrency}, {args.max_tokens} tokens{spread}, "
-          f"{args.repeats} repeats, engines stepped in turn; {machine_id()}, commit {_commit() or '?'}")
+          f"{args.repeats} repeats, engines stepped in turn; {machine_id()}, commit {git_commit() or '?'}")
     for name in names:
         s = summary[name]
         print(f"{name:<24} x plain {s['x_plain_median']:.3f} [{s['x_plain_min']:.3f}-{s['x_plain_max']:.3f}]   "
               f"tok/s {s['tok_s_median']:.1f}")
     if args.json_out:
-        record = {"date": datetime.date.today().isoformat(), "commit": _commit(), "machine": machine_id(),
+        record = {"date": datetime.date.today().isoformat(), "commit": git_commit(), "machine": machine_id(),
                   "command": " ".join(["dspark", *sys.argv[1:]]),
                   "args": {k: v for k, v in vars(args).items() if k != "func"}, "summary": summary, "runs": runs}
         Path(args.json_out).write_text(json.dumps(record, indent=1))

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.tool_args = extra
+    args.cli_argv = list(sys.argv[1:] if argv is None else argv)  # what a benchmark's provenance names
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

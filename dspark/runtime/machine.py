@@ -1,7 +1,7 @@
 """Facts about the machine this process runs on: the CPU's name and flags, the cores
 it may use, and how many of them other processes keep busy.
 
-A leaf: it imports nothing of dspark, so the loader (`--dtype auto` keys its cached
+A leaf: it imports nothing of dspark but the CPU's flags (`cpuinfo.py`), so the loader (`--dtype auto` keys its cached
 precision pick by machine and backs off when cores are busy) and the profiler (the
 step-time table's cache key and thread count) both read it without importing each
 other.
@@ -10,32 +10,15 @@ other.
 from __future__ import annotations
 
 import os
-import platform
 import time
-from pathlib import Path
 
 import torch
 
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+from .cpuinfo import cpu_flags, cpu_model
 
 
 def machine_id() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     # CPUs of one model name come with and without avx512 (cloud EPYCs): the ISA counts
     isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in cpu_flags()][:1]
     if isa:

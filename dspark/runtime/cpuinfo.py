@@ -1,0 +1,27 @@
+"""The CPU's name and flags from /proc/cpuinfo (empty where there is none). A leaf that
+imports nothing, not even torch, so that the benchmark records (`dspark.bench.provenance`)
+and the runtime (`machine.py`) read the machine the same way."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+
+def _field(name: str) -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_flags() -> set[str]:
+    return set((_field("flags") or "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (the platform's processor where /proc/cpuinfo has none)."""
+    return _field("model name") or platform.processor() or platform.machine()
