@@ -7,6 +7,8 @@ shares its step. A type the kernel cannot read gets a message naming the tensor;
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ import torch
 from conftest import make_tiny_hf_model
 from dspark.runtime import cpu_kernels
 from dspark.runtime.loader import load_transformer
-from dspark.runtime.quantized import QuantError
+from dspark.runtime.quantized import TYPES, QuantError
 from test_gguf import _llama_permute, write_header
 from test_loading import _logits
 from test_quant_kernels import random_blocks
@@ -28,6 +30,9 @@ MIXES = {
                 "ffn_up": "Q5_0", "ffn_down": "Q4_K", "token_embd": "Q6_K", "output": "Q8_0"},
     "legacy": {"attn_q": "Q4_1", "attn_k": "Q5_1", "attn_v": "Q8_0", "attn_output": "F16", "ffn_gate": "BF16",
                "ffn_up": "Q4_0", "ffn_down": "Q5_0", "token_embd": "Q8_0", "output": "F32"},
+    # what llama-quantize writes for IQ4_XS: IQ4_NL where a row is not whole blocks of 256
+    "iq4": {"attn_q": "IQ4_XS", "attn_k": "IQ4_NL", "attn_v": "Q8_0", "attn_output": "IQ4_NL", "ffn_gate": "IQ4_XS",
+            "ffn_up": "IQ4_NL", "ffn_down": "IQ4_XS", "token_embd": "Q8_0", "output": "IQ4_XS"},
 }
 #: gguf can quantize these from float weights; K-types get random blocks (it has no K quantizer)
 _FROM_FLOAT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -158,6 +163,14 @@ def test_a_type_the_kernel_cannot_read_is_named(tmp_path):
     with pytest.raises(QuantError, match=r"blk\.0\.ffn_down\.weight is Q2_K"):
         load_transformer(model_dir, "auto")
     assert load_transformer(model_dir, "fp32").precision == "fp32"  # dequantized when asked
+    # the refusal is kept with the types read then; one from a kernel that read fewer is
+    # looked at again (a file refused before IQ4_NL/IQ4_XS were read is served after)
+    note = model_dir / "quantized.json"
+    assert json.loads(note.read_text())["reads"] == list(TYPES)
+    note.write_text(json.dumps({"unreadable": "an older refusal"}))
+    assert resolve_model_path(str(path)) == model_dir
+    again = json.loads(note.read_text())
+    assert again["reads"] == list(TYPES) and "blk.0.ffn_down.weight is Q2_K" in again["unreadable"]
 
 
 def q2k_or_random_blocks(qtype, rows, k, seed=0, exponents=(-12, -9)):

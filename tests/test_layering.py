@@ -20,16 +20,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dspark"
 
 #: each top-level part of the package and the parts it may import (besides itself).
 #: Leaves first; a part may import only parts listed for it, which makes the graph of
-#: parts a DAG. `calibration`, `sampling` and `errors` are leaves of pure functions,
-#: `presets` one of plain data (the named speculative configurations).
+#: parts a DAG. `calibration`, `sampling`, `cpuinfo` and `errors` are leaves of pure
+#: functions, `presets` one of plain data (the named speculative configurations).
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "cpuinfo": set(),
     "calibration": set(),
     "presets": set(),
     "sampling": {"errors"},
     "verify": {"sampling", "errors"},
     "schedule": {"errors"},
-    "runtime": {"errors"},
+    "runtime": {"cpuinfo", "errors"},
     "drafters": {"runtime", "sampling", "calibration", "schedule", "errors"},
     "profiling": {"runtime", "drafters", "schedule", "sampling", "errors"},
     "engine": {"drafters", "runtime", "schedule", "verify", "profiling", "calibration", "presets", "sampling",
@@ -42,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"serve", "engine", "drafters", "data", "generate", "runtime", "bench", "calibration", "presets",
              "sampling", "errors"},
     "serve": {"engine", "runtime", "sampling", "errors"},
-    "bench": {"data", "presets", "errors"},
+    "bench": {"data", "presets", "cpuinfo", "errors"},
     "cli": {"serve", "engine", "drafters", "runtime", "train", "eval", "data", "profiling", "bench",
             "generate", "calibration", "presets", "sampling", "errors"},
 }

@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from dspark.runtime.cpuinfo import cpu_flags, cpu_model
+from dspark.cpuinfo import cpu_flags, cpu_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

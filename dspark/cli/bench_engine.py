@@ -5,9 +5,8 @@ measures the engine alone; every row of its JSON carries the commit and the mach
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
+import shlex
 from pathlib import Path
 
 
@@ -96,7 +95,7 @@ def run_engine(args: argparse.Namespace) -> int:
     lanes = _parse_configs(args)
 
     from dspark.bench.dataset import heldout_prompts
-    from dspark.bench.provenance import git_commit
+    from dspark.bench.provenance import git_commit, provenance
     from dspark.eval.lockstep import LockstepRun, prompt_lengths, run_lockstep, summarize
     from dspark.runtime.machine import machine_id
     from dspark.runtime.target import Target
@@ -124,8 +123,7 @@ def run_engine(args: argparse.Namespace) -> int:
         print(f"{name:<24} x plain {s['x_plain_median']:.3f} [{s['x_plain_min']:.3f}-{s['x_plain_max']:.3f}]   "
               f"tok/s {s['tok_s_median']:.1f}")
     if args.json_out:
-        record = {"date": datetime.date.today().isoformat(), "commit": git_commit(), "machine": machine_id(),
-                  "command": " ".join(["dspark", *sys.argv[1:]]),
-                  "args": {k: v for k, v in vars(args).items() if k != "func"}, "summary": summary, "runs": runs}
+        record = {**provenance(shlex.join(["dspark", *args.cli_argv])), "machine": machine_id(),
+                  "args": {k: v for k, v in vars(args).items() if k not in ("func", "cli_argv")}, "summary": summary, "runs": runs}
         Path(args.json_out).write_text(json.dumps(record, indent=1))
     return 0

@@ -144,6 +144,8 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_quant_repack.restype = None
     lib.dspark_q8x_group_bytes.argtypes = [ctypes.c_int, ctypes.c_int64]
     lib.dspark_q8x_group_bytes.restype = ctypes.c_int64
+    lib.dspark_q8x_panel_type.argtypes = [ctypes.c_int]
+    lib.dspark_q8x_panel_type.restype = ctypes.c_int
     lib.dspark_q8x_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_void_p]
     lib.dspark_q8x_pack.restype = None

@@ -1,10 +1,10 @@
 """Facts about the machine this process runs on: the CPU's name and flags, the cores
 it may use, and how many of them other processes keep busy.
 
-A leaf: it imports nothing of dspark but the CPU's flags (`cpuinfo.py`), so the loader (`--dtype auto` keys its cached
-precision pick by machine and backs off when cores are busy) and the profiler (the
-step-time table's cache key and thread count) both read it without importing each
-other.
+A leaf of the runtime: it imports nothing of dspark but `dspark/cpuinfo.py`, so the
+loader (`--dtype auto` keys its cached precision pick by machine and backs off when
+cores are busy) and the profiler (the step-time table's cache key and thread count)
+both read it without importing each other.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .cpuinfo import cpu_flags, cpu_model
+from dspark.cpuinfo import cpu_flags, cpu_model
 
 
 def machine_id() -> str:

@@ -1,7 +1,7 @@
 """A GGUF file's weights as stored: the `gguf` precision.
 
-A quantized GGUF (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K tensors, and F16, BF16,
-F32 ones beside them) is served with each linear's blocks read in place by the native
+A quantized GGUF (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS tensors,
+and F16, BF16, F32 ones beside them) is served with each linear's blocks read in place by the native
 kernel (kernels/gemm_quant.c): every weight is exactly its dequantized fp32 value (the
 value transformers builds from the file), activations and accumulation are fp32, and
 each output is one fixed sequence of operations whatever else shares the step. So the
@@ -37,12 +37,12 @@ QUANTIZED_NOTE = "quantized.json"
 
 #: ggml type ids the kernel reads (ggml.h `enum ggml_type`)
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
-         "Q6_K": 14, "BF16": 30}
+         "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
 TYPE_NAMES = {v: k for k, v in TYPES.items()}
 #: (weights, bytes) per block
 BLOCKS = {"F32": (32, 128), "F16": (32, 64), "BF16": (32, 64), "Q4_0": (32, 18), "Q4_1": (32, 20),
           "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
-          "Q6_K": (256, 210)}
+          "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
 QUANTIZED_TYPES = tuple(t for t in TYPES if t not in ("F32", "F16", "BF16"))
 #: a repacked type's id plus this: the same bytes read with int8 activations (quant_units.h X_OFF - R_OFF)
 _Q8X_OFFSET = 100
@@ -102,13 +102,14 @@ class QuantMatrix:
                 raise QuantError(f"{name} blocks {tuple(blocks.shape)} do not hold rows of {in_features} weights")
             kind = lib.dspark_quant_repacked_type(TYPES[name])
             row_bytes = ctypes.c_int64()
-            lib.dspark_quant_block(kind, ctypes.byref(row_bytes))
+            per_repacked = lib.dspark_quant_block(kind, ctypes.byref(row_bytes))  # IQ4_NL/XS: R_Q8_0's 32
             rows = blocks.shape[0]
-            packed = torch.empty(rows, in_features // per * row_bytes.value, dtype=torch.uint8)
+            packed = torch.empty(rows, in_features // per_repacked * row_bytes.value, dtype=torch.uint8)
             if rows:
                 lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], rows, in_features,
                                         packed.data_ptr())
             if int8_activations and name in QUANTIZED_TYPES:  # q8x: panels of 8 columns (gemm_q8x.c)
+                kind = lib.dspark_q8x_panel_type(TYPES[name])  # IQ4_XS: Q8_0's rows with fp32 scales
                 group = lib.dspark_q8x_group_bytes(kind, in_features)
                 panel = torch.empty((rows + 7) // 8, group, dtype=torch.uint8)
                 if rows:
@@ -267,16 +268,26 @@ def has_quantized(model_dir: Path) -> bool:
     return (model_dir / QUANTIZED_FILE).is_file()
 
 
+def _stale(note: Path) -> bool:
+    """Whether a checkpoint's note is missing, or refused a type this kernel reads now."""
+    try:
+        record = json.loads(note.read_text())
+    except (OSError, ValueError):
+        return True
+    return bool(record.get("unreadable")) and record.get("reads") != list(TYPES)
+
+
 def ensure_quantized(gguf: Path, out_dir: Path) -> None:
-    """`write_quantized` once per converted checkpoint (its note says it was done)."""
+    """`write_quantized` once per converted checkpoint (its note says it was done), and
+    again where the note refused the file with fewer readable types than there are now."""
     note = out_dir / QUANTIZED_NOTE
-    if note.is_file() or load() is None:
+    if not _stale(note) or load() is None:
         return
     try:
         counts = write_quantized(gguf, out_dir)
         record = {"types": counts or {}}
     except QuantError as e:
-        record = {"unreadable": str(e)}
+        record = {"unreadable": str(e), "reads": list(TYPES)}
     tmp = note.with_name(note.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, note)

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import argparse
 import glob
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-PROMPTS = [
-    "What is 17 times 23? Answer step by step.",
-    "A train travels 120 km in 1.5 hours. What is its average speed?",
-    "Write a Python function that reverses a string.",
-    "Write a SQL query that counts the rows of a table named users.",
-    "Explain recursion in one sentence.",
-    "Give three tips for writing clear documentation.",
+sys.path.insert(0, str(Path(__file__).parent))
+from check_second_target import PROMPTS as SECOND_TARGET_PROMPTS  # noqa: E402
+
+#: the second target's exactness prompts, and six more
+PROMPTS = SECOND_TARGET_PROMPTS + [
     "Write a C function that returns the length of a null-terminated string.",
     "What is the derivative of x^3 + 2x? Explain briefly.",
     "Write a bash one-liner that counts lines in all .py files.",

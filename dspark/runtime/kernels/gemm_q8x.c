@@ -67,6 +67,7 @@
         case R_Q8_0: panel_tile(R_Q8_0, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
         case R_Q4_K: panel_tile(R_Q4_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
         case R_Q5_K: panel_tile(R_Q5_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
+        case R_IQ4_XS: panel_tile(R_IQ4_XS, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;         \
         default: panel_tile(R_Q6_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;                 \
     }
 
@@ -79,6 +80,7 @@
         case R_Q8_0: panel_rows(R_Q8_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
         case R_Q4_K: panel_rows(R_Q4_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
         case R_Q5_K: panel_rows(R_Q5_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
+        case R_IQ4_XS: panel_rows(R_IQ4_XS, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;            \
         default: panel_rows(R_Q6_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                    \
     }
 

@@ -26,6 +26,7 @@ void dspark_rope_f32(float *x, int64_t row, const float *cos, const float *sin, 
 void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                      int threads);
 int64_t dspark_q8x_group_bytes(int type, int64_t K);
+int dspark_q8x_panel_type(int file_type);
 /* Columns [c, c + nc) of a repacked or float segment in the gguf precision's order, one
  * element at a time (quant_repack.c). */
 void dspark_quant_ref_cols(int type, const uint8_t *data, int64_t rb, int64_t c, int64_t nc, const float *x,

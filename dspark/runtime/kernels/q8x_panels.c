@@ -57,7 +57,7 @@ static void unit_scales(int type, const uint8_t *row, int64_t u, float *d0, floa
     switch (type) {
         case R_Q4_0: *d0 = *d1 = f32at(row + u * 20); return;
         case R_Q4_1: *d0 = *d1 = f32at(row + u * 24); *m = f32at(row + u * 24 + 4); return;
-        case R_Q5_0: case R_Q8_0: *d0 = *d1 = f32at(row + u * 36); return;
+        case R_Q5_0: case R_Q8_0: case R_IQ4_XS: *d0 = *d1 = f32at(row + u * 36); return;
         case R_Q5_1: *d0 = *d1 = f32at(row + u * 40); *m = f32at(row + u * 40 + 4); return;
         case R_Q4_K: case R_Q5_K: {
             const uint8_t *blk = row + (u >> 3) * (type == R_Q4_K ? 192 : 320);
@@ -95,7 +95,7 @@ static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
         default: {  /* a byte a weight */
             const uint8_t *q;
             if (type == R_Q5_1) q = row + u * 40 + 8;
-            else if (type == R_Q5_0 || type == R_Q8_0) q = row + u * 36 + 4;
+            else if (type == R_Q5_0 || type == R_Q8_0 || type == R_IQ4_XS) q = row + u * 36 + 4;
             else q = row + (u >> 3) * 320 + 64 + 32 * sub;  /* Q5_K (unsigned), Q6_K */
             for (int j = 0; j < 32; j++) w8[j] = type == R_Q5_K ? (int)q[j] : (int)(int8_t)q[j];
             return;
@@ -104,6 +104,10 @@ static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
 }
 
 int64_t dspark_q8x_group_bytes(int type, int64_t K) { return K / 32 * unit_bytes(xinfo(type)); }
+
+int dspark_q8x_panel_type(int file_type) {
+    return file_type == GT_IQ4_XS ? R_IQ4_XS : dspark_quant_repacked_type(file_type);
+}
 
 /* rows repacked rows of `type` (R_), rb bytes each -> panels (dst: ceil(rows / 8) groups). */
 void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int64_t K, uint8_t *dst) {

@@ -29,7 +29,8 @@ static inline __attribute__((always_inline)) xtype xinfo(int t) {
         case R_Q5_1: return (xtype){1, 1, 0, 1, 1, 4, 0, 1};
         case R_Q5_K: return (xtype){1, 1, 0, 1, 1, 4, 0, 0};
         case R_Q6_K: return (xtype){0, 0, 32, 2, 0, 2, 0, 0};
-        default: return (xtype){0, 0, 0, 1, 0, 1, 1, 1};  /* R_Q8_0 */
+        case R_IQ4_XS: return (xtype){0, 0, 0, 1, 0, 1, 1, 0};  /* R_Q8_0 rows, fp32 scales d (ls - 32) */
+        default: return (xtype){0, 0, 0, 1, 0, 1, 1, 1};  /* R_Q8_0 (and IQ4_NL's rows: d is the file's fp16) */
     }
 }
 
@@ -82,6 +83,9 @@ static inline int panel_w8(xtype t, const uint8_t *qb, int c, int k) {
     if (t.five) n |= ((qb[128 + 4 * c + (k & 3)] >> (2 * ((k & 15) >> 2) + high)) & 1) << 4;
     return n - t.o;
 }
+
+/* The repacked type whose q8x panel a file's type is packed into (R_IQ4_XS for IQ4_XS). */
+int dspark_q8x_panel_type(int file_type);
 
 /* One row of K (a multiple of 32) -> q [K], dx, sx [K / 32], S [K / 32][2]. */
 void dspark_q8x_quantize_row(const float *x, int64_t K, int8_t *q, float *dx, float *sx, int32_t *S);

@@ -22,6 +22,8 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
         case GT_Q4_K: n = 256; b = 144; break;
         case GT_Q5_K: n = 256; b = 176; break;
         case GT_Q6_K: n = 256; b = 210; break;
+        case GT_IQ4_NL: b = 18; break;
+        case GT_IQ4_XS: n = 256; b = 136; break;
         case R_Q4_0: b = 20; break;
         case R_Q4_1: b = 24; break;
         case R_Q5_0: b = 36; break;
@@ -38,6 +40,7 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
 
 /* The type the kernel reads for a file's type (itself for F32, F16, BF16). */
 int dspark_quant_repacked_type(int type) {
+    if (type == GT_IQ4_NL || type == GT_IQ4_XS) return R_Q8_0;
     return type == GT_F32 || type == GT_F16 || type == GT_BF16 ? type : R_OFF + type;
 }
 
@@ -46,8 +49,8 @@ int dspark_quant_repacked_type(int type) {
 void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t rows, int64_t K, uint8_t *dst) {
     const int rtype = dspark_quant_repacked_type(type);
     int64_t sb, rb;
-    const int64_t bs = dspark_quant_block(type, &sb);
-    dspark_quant_block(rtype, &rb);
+    const int64_t bs = dspark_quant_block(type, &sb), rn = dspark_quant_block(rtype, &rb);
+    rb *= bs / rn;  /* repacked bytes per file block (an IQ4_XS block: 8 R_Q8_0 units) */
     const int64_t nb = K / bs;
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *in = src + r * src_row;
@@ -105,6 +108,23 @@ void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t 
                             const uint8_t b = s[48 + 32 * (sub >> 1) + l];
                             o[64 + 32 * sub + l] = (uint8_t)((sub & 1 ? b >> 4 : b & 15) | (((s[16 + l] >> sub) & 1) << 4));
                         }
+                    break;
+                }
+                case GT_IQ4_NL: case GT_IQ4_XS: {  /* R_Q8_0 units: d (IQ4_XS: d (ls - 32)), table values */
+                    const int xs = type == GT_IQ4_XS;
+                    const float d = h2f(s);
+                    for (int ib = 0; ib < bs / 32; ib++) {
+                        const int ls = xs ? ((s[4 + ib / 2] >> (4 * (ib % 2))) & 15) |
+                                                (((s[2] | s[3] << 8) >> (2 * ib) & 3) << 4) : 32;
+                        const uint8_t *qs = s + (xs ? 8 : 2) + 16 * ib;
+                        uint8_t *unit = o + 36 * ib;
+                        f[0] = xs ? d * (float)(ls - 32) : d;
+                        memcpy(unit, f, 4);
+                        for (int j = 0; j < 16; j++) {
+                            unit[4 + j] = (uint8_t)IQ4_VALUES[qs[j] & 15];
+                            unit[20 + j] = (uint8_t)IQ4_VALUES[qs[j] >> 4];
+                        }
+                    }
                     break;
                 }
                 case GT_Q6_K: {  /* ds[16], then q - 32 a byte each, in weight order */

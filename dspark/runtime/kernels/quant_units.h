@@ -9,7 +9,7 @@
 #include <string.h>
 
 enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q4_K = 12,
-       GT_Q5_K = 13, GT_Q6_K = 14, GT_BF16 = 30 };
+       GT_Q5_K = 13, GT_Q6_K = 14, GT_IQ4_NL = 20, GT_IQ4_XS = 23, GT_BF16 = 30 };
 
 /* The layouts the kernel reads (repacked once from a file's blocks by
  * dspark_quant_repack): each fp16 scale or min converted to fp32 and each K-type
@@ -24,9 +24,17 @@ enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 
  *   R_Q6_K 256: f32 ds[16], 256 int8 (q - 32)
  * The 5- and 6-bit quants are widened to a byte each (a third or a half more bytes read):
  * assembling them from their bit planes cost more than the dot products they feed.
+ * IQ4_NL and IQ4_XS become R_Q8_0 rows: each 4-bit index replaced by its value in ggml's
+ * non-linear table (an int8 in [-127, 113]) and each 32 weights' scale in fp32 (IQ4_NL: d;
+ * IQ4_XS: d (ls - 32), exact in fp32), so w = d q as for Q8_0, twice the file's bytes.
+ * R_IQ4_XS names those rows for the q8x panels only, whose Q8_0 scales are kept as fp16
+ * (the file's fp16 d) where an IQ4_XS scale needs fp32.
  * F32, F16 and BF16 rows are read as stored. */
 enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8_0 = 108, R_Q4_K = 112,
-       R_Q5_K = 113, R_Q6_K = 114 };
+       R_Q5_K = 113, R_Q6_K = 114, R_IQ4_XS = 123 };
+
+/* ggml's table of the IQ4 types' 16 values. */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 /* X_OFF + t: a segment of ggml type t packed into q8x panels and computed with int8
  * activations (q8x_panels.c, gemm_q8x.c): a matrix carries its precision in its descriptor. */
 enum { X_OFF = 200 };

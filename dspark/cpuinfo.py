@@ -1,6 +1,6 @@
 """The CPU's name and flags from /proc/cpuinfo (empty where there is none). A leaf that
 imports nothing, not even torch, so that the benchmark records (`dspark.bench.provenance`)
-and the runtime (`machine.py`) read the machine the same way."""
+and the runtime (`runtime/machine.py`) read the machine the same way."""
 
 from __future__ import annotations
 
