@@ -1,4 +1,4 @@
-"""Step times of the default model with the native kernels of two (or more) git revisions,
+"""Step times of the default model (or --model) with the native kernels of two (or more) git revisions,
 interleaved.
 
 Each revision's `dspark/runtime/kernels/` is compiled with the project's flags into a
@@ -11,6 +11,7 @@ over the rounds and the median of each round's ratio to the first revision.
 
     python3 scripts/dev/bench_kernel_revisions.py --revs 9c47bbe,HEAD --rounds 6
     python3 scripts/dev/bench_kernel_revisions.py --revs 9c47bbe,HEAD --dtype bf16w
+    python3 scripts/dev/bench_kernel_revisions.py --revs 2fef1e0,HEAD --model FILE.gguf --dtype q8x
     DSPARK_GEMM_ISA=avx2 python3 scripts/dev/bench_kernel_revisions.py --revs 9c47bbe,HEAD --dtype bf16w
 """
 
@@ -33,7 +34,7 @@ import torch
 from dspark.runtime.batch import FlatBatch
 from dspark.runtime.target import Target
 torch.set_num_threads(int(sys.argv[2]))
-t = Target.load("default", dtype=sys.argv[1], device="cpu", max_len=1024)
+t = Target.load(sys.argv[4], dtype=sys.argv[1], device="cpu", max_len=1024)
 cache = t.new_cache(1, 1024)
 s = cache.allocate(0)
 t.model(FlatBatch.from_requests([list(range(1000, 1256))], [0], [s], logits="last", device="cpu"), cache, [])
@@ -78,6 +79,7 @@ def main() -> None:
     ap.add_argument("--revs", required=True, help="comma-separated git revisions; the first is the baseline")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dtype", default="auto", help="the target's precision (default: auto)")
+    ap.add_argument("--model", default="default", help="the target: default, or a model path / GGUF file")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", default="1,2,4,8,16", help="step sizes to time (must include 1 and 8)")
     ap.add_argument("--out", help="also write the rounds' raw times here (JSON)")
@@ -92,7 +94,8 @@ def main() -> None:
     precision = None
     for r in range(args.rounds):
         for rev in (revs if r % 2 == 0 else revs[::-1]):
-            p = subprocess.run([sys.executable, "-c", CHILD, args.dtype, str(args.threads), json.dumps(tokens)], cwd=ROOT,
+            child = [sys.executable, "-c", CHILD, args.dtype, str(args.threads), json.dumps(tokens), args.model]
+            p = subprocess.run(child, cwd=ROOT,
                                capture_output=True, text=True, env={**os.environ, "DSPARK_CACHE": str(caches[rev])})
             line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:

@@ -68,6 +68,7 @@
         case R_Q4_K: panel_tile(R_Q4_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
         case R_Q5_K: panel_tile(R_Q5_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
         case R_IQ4_XS: panel_tile(R_IQ4_XS, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;         \
+        case R_IQ4_NL: panel_tile(R_IQ4_NL, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;         \
         default: panel_tile(R_Q6_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;                 \
     }
 
@@ -81,6 +82,7 @@
         case R_Q4_K: panel_rows(R_Q4_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
         case R_Q5_K: panel_rows(R_Q5_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
         case R_IQ4_XS: panel_rows(R_IQ4_XS, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;            \
+        case R_IQ4_NL: panel_rows(R_IQ4_NL, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;            \
         default: panel_rows(R_Q6_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                    \
     }
 

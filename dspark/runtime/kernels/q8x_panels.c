@@ -57,7 +57,7 @@ static void unit_scales(int type, const uint8_t *row, int64_t u, float *d0, floa
     switch (type) {
         case R_Q4_0: *d0 = *d1 = f32at(row + u * 20); return;
         case R_Q4_1: *d0 = *d1 = f32at(row + u * 24); *m = f32at(row + u * 24 + 4); return;
-        case R_Q5_0: case R_Q8_0: case R_IQ4_XS: *d0 = *d1 = f32at(row + u * 36); return;
+        case R_Q5_0: case R_Q8_0: case R_IQ4_NL: case R_IQ4_XS: *d0 = *d1 = f32at(row + u * 36); return;
         case R_Q5_1: *d0 = *d1 = f32at(row + u * 40); *m = f32at(row + u * 40 + 4); return;
         case R_Q4_K: case R_Q5_K: {
             const uint8_t *blk = row + (u >> 3) * (type == R_Q4_K ? 192 : 320);
@@ -95,7 +95,7 @@ static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
         default: {  /* a byte a weight */
             const uint8_t *q;
             if (type == R_Q5_1) q = row + u * 40 + 8;
-            else if (type == R_Q5_0 || type == R_Q8_0 || type == R_IQ4_XS) q = row + u * 36 + 4;
+            else if (type == R_Q5_0 || type == R_Q8_0 || type == R_IQ4_NL || type == R_IQ4_XS) q = row + u * 36 + 4;
             else q = row + (u >> 3) * 320 + 64 + 32 * sub;  /* Q5_K (unsigned), Q6_K */
             for (int j = 0; j < 32; j++) w8[j] = type == R_Q5_K ? (int)q[j] : (int)(int8_t)q[j];
             return;
@@ -106,7 +106,15 @@ static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
 int64_t dspark_q8x_group_bytes(int type, int64_t K) { return K / 32 * unit_bytes(xinfo(type)); }
 
 int dspark_q8x_panel_type(int file_type) {
+    if (file_type == GT_IQ4_NL) return R_IQ4_NL;
     return file_type == GT_IQ4_XS ? R_IQ4_XS : dspark_quant_repacked_type(file_type);
+}
+
+/* The index of an IQ4 value in IQ4_VALUES (an IQ4 row holds no other). */
+static uint8_t iq4_index(int w8) {
+    for (uint8_t j = 0; j < 16; j++)
+        if (IQ4_VALUES[j] == w8) return j;
+    return 0;
 }
 
 /* rows repacked rows of `type` (R_), rb bytes each -> panels (dst: ceil(rows / 8) groups). */
@@ -136,7 +144,7 @@ void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int
             for (int k = 0; k < 32; k++) {
                 int high;
                 const int64_t at = quant_at(t, c, k, &high);
-                const uint8_t v = (uint8_t)(w8[k] + t.o);
+                const uint8_t v = t.lut ? iq4_index(w8[k]) : (uint8_t)(w8[k] + t.o);
                 qb[at] |= high ? (uint8_t)((v & 15) << 4) : (t.four ? v & 15 : v);
                 if (t.five)  /* bit 2h (low nibble) or 2h + 1 (high) of the lane's plane byte */
                     qb[128 + 4 * c + (k & 3)] |= (uint8_t)(((v >> 4) & 1) << (2 * ((k & 15) >> 2) + high));

@@ -18,6 +18,7 @@ typedef struct {
     int g16;   /* groups summed in 16 bits */
     int sgn;   /* the quants are int8 (Q8_0) */
     int half;  /* the scales are the file's fp16 values, stored as such (Q4_0/1, Q5_0/1, Q8_0) */
+    int lut;   /* the 4-bit quants index IQ4_VALUES (IQ4_NL, IQ4_XS: w8 = IQ4_VALUES[q]) */
 } xtype;
 
 static inline __attribute__((always_inline)) xtype xinfo(int t) {
@@ -29,8 +30,9 @@ static inline __attribute__((always_inline)) xtype xinfo(int t) {
         case R_Q5_1: return (xtype){1, 1, 0, 1, 1, 4, 0, 1};
         case R_Q5_K: return (xtype){1, 1, 0, 1, 1, 4, 0, 0};
         case R_Q6_K: return (xtype){0, 0, 32, 2, 0, 2, 0, 0};
-        case R_IQ4_XS: return (xtype){0, 0, 0, 1, 0, 1, 1, 0};  /* R_Q8_0 rows, fp32 scales d (ls - 32) */
-        default: return (xtype){0, 0, 0, 1, 0, 1, 1, 1};  /* R_Q8_0 (and IQ4_NL's rows: d is the file's fp16) */
+        case R_IQ4_NL: return (xtype){1, 0, 0, 1, 0, 1, 1, 1, 1};
+        case R_IQ4_XS: return (xtype){1, 0, 0, 1, 0, 1, 1, 0, 1};  /* fp32 scales: d (ls - 32) */
+        default: return (xtype){0, 0, 0, 1, 0, 1, 1, 1};  /* R_Q8_0 */
     }
 }
 
@@ -77,6 +79,7 @@ static inline int64_t quant_at(xtype t, int c, int k, int *high) {
 static inline int panel_w8(xtype t, const uint8_t *qb, int c, int k) {
     int high;
     const uint8_t v = qb[quant_at(t, c, k, &high)];
+    if (t.lut) return IQ4_VALUES[high ? v >> 4 : v & 15];
     if (t.sgn) return (int8_t)v;
     if (!t.four) return v - t.o;
     int n = high ? v >> 4 : v & 15;
@@ -84,7 +87,8 @@ static inline int panel_w8(xtype t, const uint8_t *qb, int c, int k) {
     return n - t.o;
 }
 
-/* The repacked type whose q8x panel a file's type is packed into (R_IQ4_XS for IQ4_XS). */
+/* The repacked type whose q8x panel a file's type is packed into (R_IQ4_NL, R_IQ4_XS for
+ * the IQ4 types, whose rows are R_Q8_0's). */
 int dspark_q8x_panel_type(int file_type);
 
 /* One row of K (a multiple of 32) -> q [K], dx, sx [K / 32], S [K / 32][2]. */

@@ -33,6 +33,12 @@ static inline __attribute__((always_inline)) void nibbles(xtype t, const uint8_t
     }
 }
 
+/* The signed values of 32 4-bit indices (IQ4_VALUES looked up in each 128-bit lane). */
+static inline __attribute__((always_inline)) __m256i iq4_values(__m256i idx) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
+    return _mm256_shuffle_epi8(table, idx);
+}
+
 /* One row's unit added to its sums, the contract's step: acc += (P - o S) D dx (Q6_K: its
  * halves P0 with D0 and P with D1), off += M sx where the type has a min. */
 static inline __attribute__((always_inline)) void unit_terms(xtype t, __m256i P0, __m256i P, __m256 D0, __m256 D1,
@@ -79,6 +85,20 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
                 for (int h = 0; h < 4; h++) {
                     __m256i lo, hi;
                     nibbles(t, qb, plane, h, &lo, &hi);
+                    if (t.lut) {  /* int8 values up to 127: each product pair summed in 32 bits (Q8_0's sign trick) */
+                        lo = iq4_values(lo);
+                        hi = iq4_values(hi);
+                        const __m256i alo = _mm256_sign_epi8(lo, lo), ahi = _mm256_sign_epi8(hi, hi);
+#pragma GCC unroll 4
+                        for (int i = 0; i < MR; i++) {
+                            const int8_t *qu = q + i * K + 32 * u;
+                            const __m256i xl = _mm256_sign_epi8(BCAST4(qu + 4 * h), lo);
+                            const __m256i xh = _mm256_sign_epi8(BCAST4(qu + 16 + 4 * h), hi);
+                            P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(_mm256_maddubs_epi16(alo, xl), ones));
+                            P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ahi, xh), ones));
+                        }
+                        continue;
+                    }
 #pragma GCC unroll 4
                     for (int i = 0; i < MR; i++) {
                         const int8_t *qu = q + i * K + 32 * u;
@@ -93,8 +113,9 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
                         }
                     }
                 }
+                if (!t.lut)
 #pragma GCC unroll 4
-                for (int i = 0; i < MR; i++) P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
+                    for (int i = 0; i < MR; i++) P[i] = _mm256_add_epi32(P[i], _mm256_madd_epi16(a[i], ones));
             } else {
                 __m256i a[4];
 #pragma GCC unroll 4
@@ -156,11 +177,22 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
     for (int i = 0; i < M; i++) acc[i] = off[i] = _mm256_setzero_ps();
     for (int64_t u = 0; u < nq; u++) {
         const uint8_t *unit = grp + u * ub, *qb = unit_quants(t, unit);
+        const uint8_t *signs = qb;  /* the signed weights of register j at 32 j (Q8_0, the IQ4 types) */
         __m256i wv[8];
         if (t.four) {
             const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
 #pragma GCC unroll 4
             for (int h = 0; h < 4; h++) nibbles(t, qb, plane, h, &wv[h], &wv[4 + h]);
+            if (t.lut) {
+                static __thread __attribute__((aligned(32))) uint8_t values[256];
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) {
+                    const __m256i v = iq4_values(wv[j]);
+                    _mm256_store_si256((__m256i *)(values + 32 * j), v);
+                    wv[j] = _mm256_sign_epi8(v, v);
+                }
+                signs = values;
+            }
         } else {
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
@@ -177,7 +209,7 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 __m256i xb = BCAST4(qu + 4 * j);
-                if (t.sgn) xb = _mm256_sign_epi8(xb, _mm256_loadu_si256((const __m256i *)(qb + 32 * j)));
+                if (t.sgn) xb = _mm256_sign_epi8(xb, _mm256_loadu_si256((const __m256i *)(signs + 32 * j)));
                 a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wv[j], xb));
                 if ((j + 1) % t.g16 == 0) {
                     P = _mm256_add_epi32(P, _mm256_madd_epi16(a, ones));

@@ -27,11 +27,11 @@ enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 
  * IQ4_NL and IQ4_XS become R_Q8_0 rows: each 4-bit index replaced by its value in ggml's
  * non-linear table (an int8 in [-127, 113]) and each 32 weights' scale in fp32 (IQ4_NL: d;
  * IQ4_XS: d (ls - 32), exact in fp32), so w = d q as for Q8_0, twice the file's bytes.
- * R_IQ4_XS names those rows for the q8x panels only, whose Q8_0 scales are kept as fp16
- * (the file's fp16 d) where an IQ4_XS scale needs fp32.
+ * R_IQ4_NL and R_IQ4_XS name those rows' q8x panels, which keep the 4-bit indices (half
+ * the bytes) and look their values up (q8x_tiles.h).
  * F32, F16 and BF16 rows are read as stored. */
 enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8_0 = 108, R_Q4_K = 112,
-       R_Q5_K = 113, R_Q6_K = 114, R_IQ4_XS = 123 };
+       R_Q5_K = 113, R_Q6_K = 114, R_IQ4_NL = 120, R_IQ4_XS = 123 };
 
 /* ggml's table of the IQ4 types' 16 values. */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
