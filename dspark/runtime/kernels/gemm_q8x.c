@@ -9,6 +9,7 @@
  *   Q4_0 w = d (q - 8)   Q4_1 w = d q + m   Q5_0 w = d (q - 16)   Q5_1 w = d q + m
  *   Q8_0 w = d q         Q4_K, Q5_K w = ds q - dm (ds, dm: the sub-block's d sc, dmin m)
  *   Q6_K w = ds (q - 32), ds one per 16 weights
+ *   IQ4_NL, IQ4_XS w = ds v, v = IQ4_VALUES[q] (an int8 of ggml's table; ds: d, or d (ls - 32))
  * i.e. w = D w8 + M, with D per 32 weights (Q6_K: per 16) and M per 32 (the types with a
  * min; none for the others).
  *
@@ -34,8 +35,10 @@
  * of group h + 4), the 5-bit types likewise plus a plane of
  * their fifth bits (byte 128 + 4c + b: bit 2h for weight 4h + b, bit 2h + 1 for 16 + 4h + b).
  * Columns past the segment's last are zero.
+ * The IQ4 types' panels hold their 4-bit q as Q4_0's do, and each group's values are looked
+ * up (vpshufb) and multiplied with Q8_0's sign trick.
  * Products are summed in 16 bits for as many groups as cannot overflow (|w8 q| pairs:
- * 4-bit 8 groups, 5-bit 4, 6-bit 2, Q8_0 1), then in 32.
+ * 4-bit 8 groups, 5-bit 4, 6-bit 2, Q8_0 and the IQ4 types 1), then in 32.
  *
  * A descriptor segment of type X_OFF + t (t a file's ggml type) is such a panel: rows =
  * the segment's columns, bytes = one group's bytes. F32, F16 and BF16 segments in a q8x
