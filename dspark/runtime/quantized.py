@@ -109,7 +109,7 @@ class QuantMatrix:
                 lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], rows, in_features,
                                         packed.data_ptr())
             if int8_activations and name in QUANTIZED_TYPES:  # q8x: panels of 8 columns (gemm_q8x.c)
-                kind = lib.dspark_q8x_panel_type(TYPES[name])  # IQ4_XS: Q8_0's rows with fp32 scales
+                kind = lib.dspark_q8x_panel_type(TYPES[name])  # the IQ4 types: panels of their 4-bit indices
                 group = lib.dspark_q8x_group_bytes(kind, in_features)
                 panel = torch.empty((rows + 7) // 8, group, dtype=torch.uint8)
                 if rows:
