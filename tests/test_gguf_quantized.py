@@ -30,8 +30,9 @@ MIXES = {
                 "ffn_up": "Q5_0", "ffn_down": "Q4_K", "token_embd": "Q6_K", "output": "Q8_0"},
     "legacy": {"attn_q": "Q4_1", "attn_k": "Q5_1", "attn_v": "Q8_0", "attn_output": "F16", "ffn_gate": "BF16",
                "ffn_up": "Q4_0", "ffn_down": "Q5_0", "token_embd": "Q8_0", "output": "F32"},
-    # what llama-quantize writes for IQ4_XS: IQ4_NL where a row is not whole blocks of 256
-    "iq4": {"attn_q": "IQ4_XS", "attn_k": "IQ4_NL", "attn_v": "Q8_0", "attn_output": "IQ4_NL", "ffn_gate": "IQ4_XS",
+    # what llama-quantize writes for IQ4_XS (IQ4_NL where a row is not whole blocks of 256),
+    # and Q3_K (Q3_K_M's type)
+    "iq4-q3k": {"attn_q": "IQ4_XS", "attn_k": "IQ4_NL", "attn_v": "Q3_K", "attn_output": "IQ4_NL", "ffn_gate": "IQ4_XS",
             "ffn_up": "IQ4_NL", "ffn_down": "IQ4_XS", "token_embd": "Q8_0", "output": "IQ4_XS"},
 }
 #: gguf can quantize these from float weights; K-types get random blocks (it has no K quantizer)

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="native kern
 
 #: byte offsets of a block's fp16 fields (scales, mins): random bytes there could be NaN
 _HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
-                "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+                "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
+                "Q3_K": (108,)}
 
 
 def random_blocks(qtype: str, rows: int, k: int, seed: int = 0, exponents: tuple[int, int] = (-14, -4)

@@ -19,6 +19,7 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
         case GT_Q5_0: b = 22; break;
         case GT_Q5_1: b = 24; break;
         case GT_Q8_0: b = 34; break;
+        case GT_Q3_K: n = 256; b = 110; break;
         case GT_Q4_K: n = 256; b = 144; break;
         case GT_Q5_K: n = 256; b = 176; break;
         case GT_Q6_K: n = 256; b = 210; break;
@@ -41,6 +42,7 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
 /* The type the kernel reads for a file's type (itself for F32, F16, BF16). */
 int dspark_quant_repacked_type(int type) {
     if (type == GT_IQ4_NL || type == GT_IQ4_XS) return R_Q8_0;
+    if (type == GT_Q3_K) return R_Q6_K;
     return type == GT_F32 || type == GT_F16 || type == GT_BF16 ? type : R_OFF + type;
 }
 
@@ -124,6 +126,22 @@ void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t 
                             unit[4 + j] = (uint8_t)IQ4_VALUES[qs[j] & 15];
                             unit[20 + j] = (uint8_t)IQ4_VALUES[qs[j] >> 4];
                         }
+                    }
+                    break;
+                }
+                case GT_Q3_K: {  /* R_Q6_K: ds[16] = d (sc - 32), then q in [-4, 3] a byte each */
+                    const float d = h2f(s + 108);
+                    const uint8_t *hmask = s, *qs = s + 32, *sc = s + 96;
+                    for (int j = 0; j < 16; j++) {
+                        const int lo = j < 8 ? sc[j] & 15 : sc[j - 8] >> 4, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+                        f[j] = d * (float)((lo | hi << 4) - 32);
+                    }
+                    memcpy(o, f, 64);
+                    int8_t *q = (int8_t *)(o + 64);
+                    for (int i = 0; i < 256; i++) {  /* i = 128 half + 32 shift + l */
+                        const int half = i / 128, sh = (i / 32) % 4, l = i % 32;
+                        const int low = (qs[32 * half + l] >> (2 * sh)) & 3, high = (hmask[l] >> (4 * half + sh)) & 1;
+                        q[i] = (int8_t)(low - (high ? 0 : 4));
                     }
                     break;
                 }

@@ -8,8 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q4_K = 12,
-       GT_Q5_K = 13, GT_Q6_K = 14, GT_IQ4_NL = 20, GT_IQ4_XS = 23, GT_BF16 = 30 };
+enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q3_K = 11,
+       GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_IQ4_NL = 20, GT_IQ4_XS = 23, GT_BF16 = 30 };
 
 /* The layouts the kernel reads (repacked once from a file's blocks by
  * dspark_quant_repack): each fp16 scale or min converted to fp32 and each K-type
@@ -24,6 +24,8 @@ enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 
  *   R_Q6_K 256: f32 ds[16], 256 int8 (q - 32)
  * The 5- and 6-bit quants are widened to a byte each (a third or a half more bytes read):
  * assembling them from their bit planes cost more than the dot products they feed.
+ * Q3_K becomes R_Q6_K rows (ds = d (sc - 32) per 16 weights, exact in fp32; q in [-4, 3] a
+ * byte each: three times the file's bytes).
  * IQ4_NL and IQ4_XS become R_Q8_0 rows: each 4-bit index replaced by its value in ggml's
  * non-linear table (an int8 in [-127, 113]) and each 32 weights' scale in fp32 (IQ4_NL: d;
  * IQ4_XS: d (ls - 32), exact in fp32), so w = d q as for Q8_0, twice the file's bytes.
