@@ -8,11 +8,10 @@ machine that measured, not the ones that wrote the record. Imports no torch.
 from __future__ import annotations
 
 import datetime
-import os
 import subprocess
 from pathlib import Path
 
-from dspark.cpuinfo import cpu_flags, cpu_model
+from dspark.cpuinfo import cpu_flags, cpu_model, usable_cpus, widest_isa
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,18 +48,14 @@ def cpu_kind(model: str, flags: set[str]) -> str:
         return "AVX2 EPYC"
     if "Xeon" in model and {"amx_bf16", "amx_tile"} & flags:
         return "AMX Xeon"
-    isa = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags), None)
+    isa = widest_isa(flags)
     return f"{model} [{isa}]" if isa else model
 
 
 def cpu_descriptor() -> dict:
     """The `cpu` field of a results record: kind, model, usable cores, the flags that count."""
     flags, model = cpu_flags(), cpu_model()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return {"kind": cpu_kind(model, flags), "model": model, "cores": cores,
+    return {"kind": cpu_kind(model, flags), "model": model, "cores": usable_cpus(),
             "flags": [f for f in RECORDED_FLAGS if f in flags]}
 
 

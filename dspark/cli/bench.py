@@ -17,7 +17,8 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="serving benchmarks against any OpenAI-compatible server")
     p.set_defaults(func=lambda _: p.print_help())
-    bsub = p.add_subparsers(dest="bench_command", metavar="{serve,sweep,ab,report,record,engine,fuzz,soak,overload,peers}")
+    bsub = p.add_subparsers(dest="bench_command",
+                            metavar="{serve,sweep,ab,report,record,engine,fuzz,soak,overload,peers}")
 
     s = bsub.add_parser(
         "serve", help="load one running server and report latency, throughput and acceptance",

@@ -124,6 +124,7 @@ def run_engine(args: argparse.Namespace) -> int:
               f"tok/s {s['tok_s_median']:.1f}")
     if args.json_out:
         record = {**provenance(shlex.join(["dspark", *args.cli_argv])), "machine": machine_id(),
-                  "args": {k: v for k, v in vars(args).items() if k not in ("func", "cli_argv")}, "summary": summary, "runs": runs}
+                  "args": {k: v for k, v in vars(args).items() if k not in ("func", "cli_argv")},
+                  "summary": summary, "runs": runs}
         Path(args.json_out).write_text(json.dumps(record, indent=1))
     return 0

@@ -14,25 +14,18 @@ import time
 
 import torch
 
-from dspark.cpuinfo import cpu_flags, cpu_model
+from dspark.cpuinfo import cpu_flags, cpu_model, usable_cpus, widest_isa  # noqa: F401 (re-exported)
 
 
 def machine_id() -> str:
     cpu = cpu_model()
     # CPUs of one model name come with and without avx512 (cloud EPYCs): the ISA counts
-    isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in cpu_flags()][:1]
+    isa = widest_isa(cpu_flags())
     if isa:
-        cpu += f" [{isa[0]}]"
+        cpu += f" [{isa}]"
     if torch.cuda.is_available():
         cpu += " / " + torch.cuda.get_device_name()
     return f"{cpu} x{torch.get_num_threads()}t"
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def busy_cores(interval: float = 0.5) -> float | None:

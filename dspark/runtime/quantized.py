@@ -1,8 +1,8 @@
 """A GGUF file's weights as stored: the `gguf` precision.
 
-A quantized GGUF (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS tensors,
-and F16, BF16, F32 ones beside them) is served with each linear's blocks read in place by the native
-kernel (kernels/gemm_quant.c): every weight is exactly its dequantized fp32 value (the
+A quantized GGUF (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
+tensors, and F16, BF16, F32 ones beside them) is served with each linear's blocks read in
+place by the native kernel (kernels/gemm_quant.c): every weight is exactly its dequantized fp32 value (the
 value transformers builds from the file), activations and accumulation are fp32, and
 each output is one fixed sequence of operations whatever else shares the step. So the
 model served is the file's model, and speculative, batched and chunked decoding give
@@ -36,13 +36,13 @@ QUANTIZED_FILE = "quantized/blocks.safetensors"  # in a folder: not among the ch
 QUANTIZED_NOTE = "quantized.json"
 
 #: ggml type ids the kernel reads (ggml.h `enum ggml_type`)
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
-         "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q3_K": 11, "Q4_K": 12,
+         "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
 TYPE_NAMES = {v: k for k, v in TYPES.items()}
 #: (weights, bytes) per block
 BLOCKS = {"F32": (32, 128), "F16": (32, 64), "BF16": (32, 64), "Q4_0": (32, 18), "Q4_1": (32, 20),
-          "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
-          "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
+          "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q3_K": (256, 110), "Q4_K": (256, 144),
+          "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
 QUANTIZED_TYPES = tuple(t for t in TYPES if t not in ("F32", "F16", "BF16"))
 #: a repacked type's id plus this: the same bytes read with int8 activations (quant_units.h X_OFF - R_OFF)
 _Q8X_OFFSET = 100

@@ -50,14 +50,18 @@ void dspark_q8x_quantize_row(const float *x, int64_t K, int8_t *q, float *dx, fl
 
 /* ---- a type's panel ----------------------------------------------------------------- */
 
+/* The repacked rows a panel type is packed from (the IQ4 panels' rows are R_Q8_0's). */
+static int row_type(int type) { return type == R_IQ4_NL || type == R_IQ4_XS ? R_Q8_0 : type; }
+
 /* The scales of unit u of a repacked row: d0 for weights 0-15, d1 for 16-31, m (0 where none). */
 static void unit_scales(int type, const uint8_t *row, int64_t u, float *d0, float *d1, float *m) {
     const int sub = (int)(u & 7);
+    type = row_type(type);
     *m = 0.0f;
     switch (type) {
         case R_Q4_0: *d0 = *d1 = f32at(row + u * 20); return;
         case R_Q4_1: *d0 = *d1 = f32at(row + u * 24); *m = f32at(row + u * 24 + 4); return;
-        case R_Q5_0: case R_Q8_0: case R_IQ4_NL: case R_IQ4_XS: *d0 = *d1 = f32at(row + u * 36); return;
+        case R_Q5_0: case R_Q8_0: *d0 = *d1 = f32at(row + u * 36); return;
         case R_Q5_1: *d0 = *d1 = f32at(row + u * 40); *m = f32at(row + u * 40 + 4); return;
         case R_Q4_K: case R_Q5_K: {
             const uint8_t *blk = row + (u >> 3) * (type == R_Q4_K ? 192 : 320);
@@ -77,6 +81,7 @@ static void unit_scales(int type, const uint8_t *row, int64_t u, float *d0, floa
 /* The 32 integers w8 of unit u of a repacked row. */
 static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
     const int sub = (int)(u & 7);
+    type = row_type(type);
     switch (type) {
         case R_Q4_0: case R_Q4_1: {
             const int one = type == R_Q4_1;
@@ -95,7 +100,7 @@ static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
         default: {  /* a byte a weight */
             const uint8_t *q;
             if (type == R_Q5_1) q = row + u * 40 + 8;
-            else if (type == R_Q5_0 || type == R_Q8_0 || type == R_IQ4_NL || type == R_IQ4_XS) q = row + u * 36 + 4;
+            else if (type == R_Q5_0 || type == R_Q8_0) q = row + u * 36 + 4;
             else q = row + (u >> 3) * 320 + 64 + 32 * sub;  /* Q5_K (unsigned), Q6_K */
             for (int j = 0; j < 32; j++) w8[j] = type == R_Q5_K ? (int)q[j] : (int)(int8_t)q[j];
             return;
