@@ -42,6 +42,8 @@ def test_cli_checks_its_inputs(tmp_path, capsys):
 
     assert main(["eval", "acceptance", "--drafter", str(tmp_path), "--block", "x"]) == 2
     assert "--block" in capsys.readouterr().err
+    assert main(["eval", "acceptance", "--drafter", str(tmp_path), "--drafter-weights", "bf16,fp8"]) == 2
+    assert "--drafter-weights" in capsys.readouterr().err
     assert main(["eval", "acceptance", "--drafter", str(tmp_path), "--domains", "poetry"]) == 2
     assert "--domains" in capsys.readouterr().err
     assert main(["eval", "acceptance", "--drafter", str(tmp_path)]) == 2

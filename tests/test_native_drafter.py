@@ -1,4 +1,4 @@
-"""A bf16w (or fp32: f32w) DSpark drafter's block and context through the native decoder kernel
+"""A bf16w (or fp32: f32w, or its linears quantized to Q8_0: q8x) DSpark drafter's block and context through the native decoder kernel
 (runtime/native_stack.py, `for_drafter_layers`) against its torch path: the same
 drafted tokens, logits and confidences to fp32 rounding, the same context keys and
 values in the pool, and (through an engine) the same greedy output and rounds."""
@@ -15,8 +15,8 @@ from dspark.sampling import SamplingParams
 PROMPTS = ["Write a Python function that reverses a string.", "How many legs do three spiders have?"]
 
 
-def _engine(target, native: bool, monkeypatch):
-    engine = LLMEngine(target, SpeculativeConfig(method="dspark", num_speculative_tokens=3),
+def _engine(target, native: bool, monkeypatch, weights: str = "bf16"):
+    engine = LLMEngine(target, SpeculativeConfig(method="dspark", num_speculative_tokens=3, drafter_weights=weights),
                        EngineConfig(max_num_seqs=2, max_model_len=512))
     drafter = engine.runner.drafter
     if not native:
@@ -24,14 +24,14 @@ def _engine(target, native: bool, monkeypatch):
     return engine, drafter
 
 
-@pytest.mark.parametrize("precision", ["bf16w", "fp32"])
-def test_native_drafter_block_and_context_equal_the_torch_path(precision, request, monkeypatch):
+@pytest.mark.parametrize("precision, weights", [("bf16w", "bf16"), ("fp32", "bf16"), ("bf16w", "q8_0")])
+def test_native_drafter_block_and_context_equal_the_torch_path(precision, weights, request, monkeypatch):
     target = request.getfixturevalue(f"default_target_{precision}")
     if not cpu_kernels.available():
         pytest.skip(f"native kernels unavailable: {cpu_kernels.why_unavailable()}")
     runs = {}
     for native in (True, False):
-        engine, drafter = _engine(target, native, monkeypatch)
+        engine, drafter = _engine(target, native, monkeypatch, weights)
         seqs = [engine.add_request(target.tokenizer.chat_prompt(p), SamplingParams(max_tokens=40, ignore_eos=True))
                 for p in PROMPTS]
         steps = 0
@@ -50,7 +50,8 @@ def test_native_drafter_block_and_context_equal_the_torch_path(precision, reques
         runs[native] = ([s.output_ids for s in seqs], steps, kv, block, drafter.__dict__.get("_native_stack"))
     (out_n, steps_n, kv_n, block_n, stack), (out_t, steps_t, kv_t, block_t, _) = runs[True], runs[False]
     assert stack is not None and stack._context is not None  # the native path did run
-    assert stack.kind == {"bf16w": 0, "fp32": 2}[precision]  # fp32's drafter takes the target's f32w kernel
+    # fp32's drafter takes the target's f32w kernel; a quantized drafter the q8x one (3: blocks)
+    assert stack.kind == (3 if weights != "bf16" else {"bf16w": 0, "fp32": 2}[precision])
     assert out_n == out_t  # exact either way: verification decides
     assert steps_n == steps_t
     for a, b in zip(kv_n, kv_t):

@@ -307,6 +307,8 @@ def test_speculative_config_errors():
         SpeculativeConfig(method="ngram", prompt_lookup_max=0)
     with pytest.raises(UserError, match="prompt_lookup_min must be"):
         SpeculativeConfig(method="ngram", prompt_lookup_min="2")
+    with pytest.raises(UserError, match="drafter_weights must be one of bf16, q8_0, q4_0, got 'q2_k'"):
+        SpeculativeConfig(drafter_weights="q2_k")
     with pytest.raises(UserError, match=r"prompt_lookup_max \(2\) is below prompt_lookup_min \(3\)"):
         SpeculativeConfig(method="ngram", prompt_lookup_max=2, prompt_lookup_min=3)
 
@@ -320,6 +322,23 @@ def test_markov_candidates_from_the_config_reach_the_drafter_and_stay_exact(gree
     assert engine.runner.drafter.markov_candidates == candidates
     seqs = engine.generate(prompts[:4], SamplingParams(max_tokens=24))
     assert [s.output_ids for s in seqs] == refs[:4]
+
+
+@pytest.mark.parametrize("drafter_weights", ["q8_0", "q4_0"])
+def test_quantized_drafter_weights_stay_exact(greedy_case, drafter_weights):
+    """The shipped DSpark with its linears quantized at load (the q8x kernel), hybrid and
+    adaptive as the default runs it: greedy output equal to plain decoding's."""
+    from dspark.runtime.weight_formats import weight_kind
+
+    target, prompts, refs = greedy_case
+    spec = SpeculativeConfig(method="dspark", enable_adaptive_verification=True, lookup=True,
+                             drafter_weights=drafter_weights)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512))
+    drafter = engine.runner.drafter.inner  # the hybrid's learned drafter
+    assert weight_kind(drafter.layers[0].mlp.down_proj) == "q" and weight_kind(drafter.fc) == "q"
+    seqs = engine.generate(prompts[:4], SamplingParams(max_tokens=24))
+    assert [s.output_ids for s in seqs] == refs[:4]
+    assert engine.total_stats().draft_tokens > 0
 
 
 @pytest.mark.slow

@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--block", default="7",
                    help="drafted tokens per round, comma-separated for several, e.g. 7,15 (default: %(default)s); "
                         "a drafter that drafts fewer (MTP-1) runs at its maximum")
+    a.add_argument("--drafter-weights", default="bf16", metavar="W[,W]",
+                   help="how each learned drafter's linears are stored, comma-separated to compare: bf16 (the "
+                        "target's bf16 kernel), q8_0 or q4_0 (quantized at load, int8 activations) "
+                        "(default: %(default)s)")
     a.add_argument("--domains", default="math,code,chat", help="held-out domains (default: %(default)s)")
     a.add_argument("--num-prompts", type=int, default=10, help="prompts per domain (default: %(default)s)")
     a.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
@@ -61,6 +65,12 @@ def run_acceptance(args: argparse.Namespace) -> int:
         raise UserError(f"--domains must be a comma-separated subset of {', '.join(DOMAINS)}, got {args.domains!r}")
     if args.num_prompts < 1 or args.max_tokens < 1:
         raise UserError("--num-prompts and --max-tokens must be >= 1")
+    from dspark.engine.config import DRAFTER_WEIGHTS
+
+    weights = [w.strip() for w in args.drafter_weights.split(",") if w.strip()]
+    if not weights or any(w not in DRAFTER_WEIGHTS for w in weights):
+        raise UserError(f"--drafter-weights must be a comma-separated subset of {', '.join(DRAFTER_WEIGHTS)}, "
+                        f"got {args.drafter_weights!r}")
     for d in args.drafter:
         drafter_method(d)  # a clear error before any decoding
     target = load_target(args)
@@ -69,7 +79,8 @@ def run_acceptance(args: argparse.Namespace) -> int:
     except DataError as e:
         raise UserError(str(e)) from None
     results = []
-    for path in args.drafter:
+    runs = [(path, w) for path in args.drafter for w in (weights if drafter_method(path)[0] != "ngram" else ["bf16"])]
+    for path, w in runs:
         done_blocks = set()
         for block in blocks:
             _, most = drafter_method(path)
@@ -78,7 +89,7 @@ def run_acceptance(args: argparse.Namespace) -> int:
             done_blocks.add(min(block, most))
             for d in domains:
                 r = measure_acceptance(target, path, block, prompts[d], args.max_tokens, args.temperature,
-                                       args.max_num_seqs, args.max_model_len, domain=d)
+                                       args.max_num_seqs, args.max_model_len, domain=d, drafter_weights=w)
                 results.append(r)
                 if args.json:
                     print(json.dumps(r.to_dict()))

@@ -28,6 +28,7 @@ class DrafterSpec(Protocol):
     lookup_calibration: str | None
     lookup_history: bool
     drafter_trust: bool
+    drafter_weights: str
 
     @property
     def priced_lookup(self) -> bool: ...
@@ -52,7 +53,8 @@ def drafter_from_spec(spec: DrafterSpec, target) -> Drafter:
                               min_ngram=spec.prompt_lookup_min, **sizes)
     from dspark.runtime import cpu_kernels
     from dspark.runtime.precision import QUANTIZED_PRECISIONS
-    from dspark.runtime.weight_formats import pack_cpu_bf16_linears, use_bf16_weights, use_f32_panels, weight_kind
+    from dspark.runtime.weight_formats import (pack_cpu_bf16_linears, use_bf16_weights, use_f32_panels, use_q8x_weights,
+                                               weight_kind)
 
     path = spec.drafter_path(getattr(target, "family", target.name))
     if path is None:
@@ -65,6 +67,9 @@ def drafter_from_spec(spec: DrafterSpec, target) -> Drafter:
         drafter.markov_candidates = spec.markov_candidates
     drafter.greedy_logits = False  # the engine reads a greedy draft's tokens alone
     precision = getattr(target.model, "precision", None)
+    weights = getattr(spec, "drafter_weights", "bf16")
+    if weights != "bf16" and target.device.type == "cpu" and cpu_kernels.available():
+        use_q8x_weights(drafter, weights)  # its blocks read by the q8x kernel, whatever the target's precision
     if precision in ("bf16w", "bf16x"):
         # the target's weight format for the drafter's linears too: a draft reads its
         # weights once per step, and fp32 weights double that traffic

@@ -97,6 +97,9 @@ DEFAULT_SPECULATIVE = PRESETS["default"]
 #: (requests of 48-144 tokens).
 LOOKUP_DEFAULT = PRESETS["lookup-default"]
 
+#: how a learned drafter's linears may be stored (SpeculativeConfig.drafter_weights)
+DRAFTER_WEIGHTS = ("bf16", "q8_0", "q4_0")
+
 #: the verification policies that read the drafts' confidences
 CONFIDENCE_POLICIES = ("threshold", "dspark-sync", "dspark-async")
 
@@ -137,6 +140,10 @@ class SpeculativeConfig:
     #: with plain_fallback N: the load levels from this many decoding requests up to
     #: N's are governed too, each starting with speculation (None: not governed)
     plain_trials_from: int | None = None
+    #: how a learned drafter's linears are stored on a CPU: "bf16" (the target's bf16
+    #: kernel: bf16w or bf16x) or a GGUF block type quantized at load, "q8_0" or "q4_0"
+    #: (the q8x kernel, int8 activations); the drafter's own output only, never the target's
+    drafter_weights: str = "bf16"
 
     def __post_init__(self) -> None:
         # the names are drafters' and schedule's (imported here: this module stays
@@ -180,6 +187,8 @@ class SpeculativeConfig:
             raise UserError(f"lookup (hybrid drafting) combines prompt lookup with the dspark method's confidences, "
                             f"not with {self.method!r} (ngram with enable_adaptive_verification is lookup priced "
                             f"by the scheduler)")
+        if self.drafter_weights not in DRAFTER_WEIGHTS:
+            raise UserError(f"drafter_weights must be one of {', '.join(DRAFTER_WEIGHTS)}, got {self.drafter_weights!r}")
         if not isinstance(self.drafter_trust, bool):
             raise UserError(f"drafter_trust must be true or false, got {self.drafter_trust!r}")
         if self.lookup_calibration is not None and not (self.lookup or self.priced_lookup):

@@ -93,6 +93,7 @@ def measure_acceptance(
     max_model_len: int = 2048,
     domain: str = "",
     seed: int = 0,
+    drafter_weights: str = "bf16",
 ) -> AcceptanceResult:
     method, most = drafter_method(drafter_path)
     used = min(block, most)
@@ -102,7 +103,7 @@ def measure_acceptance(
     else:
         base, hybrid = split_hybrid(drafter_path)
         spec = SpeculativeConfig(method=method, model=base, num_speculative_tokens=used,
-                                 verification_policy="fixed", lookup=hybrid)
+                                 verification_policy="fixed", lookup=hybrid, drafter_weights=drafter_weights)
     engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len))
     params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i) for i in range(len(prompts))]
     t0 = time.perf_counter()
@@ -110,6 +111,8 @@ def measure_acceptance(
     wall = time.perf_counter() - t0
     stats = engine.total_stats()
     label = Path(split_hybrid(drafter_path)[0]).name + (HYBRID_SUFFIX if split_hybrid(drafter_path)[1] else "")
+    if method != NGRAM and drafter_weights != "bf16":
+        label += f"@{drafter_weights}"
     return AcceptanceResult(label, method, used, domain, len(prompts), stats.acceptance_length,
                             stats.per_position_acceptance, conditional_acceptance(stats), stats.rounds,
                             sum(len(s.output_ids) for s in seqs), wall)

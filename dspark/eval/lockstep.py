@@ -47,6 +47,8 @@ ENGINE_CONFIGS: dict[str, dict | None] = {
     "default-plain-from4": {**DEFAULT, "plain_fallback": 4},  # levels of 4+ requests start plain
     "default-no-history": {**DEFAULT, "lookup_history": False},  # no lookup in earlier replies
     "default-profiled": {**DEFAULT, "live_step_time": False},  # the step-time table as profiled, never corrected
+    "default-dq8": {**DEFAULT, "drafter_weights": "q8_0"},  # the drafter's linears as Q8_0 blocks (q8x kernel)
+    "default-dq4": {**DEFAULT, "drafter_weights": "q4_0"},  # ... as Q4_0 blocks
     "hybrid-fallback": {**PRESETS["hybrid"], "plain_fallback": True},  # the plain-decoding fallback at every load
     "lookup3": {"method": "ngram", "num_speculative_tokens": 3},  # up to 3 lookup tokens, fixed
     "lookup-governed": {"method": "ngram", "plain_fallback": True},  # the plain-decoding fallback at every load

@@ -128,8 +128,16 @@ class NativeStack:
                                                     layer.self_attn.v_proj, layer.self_attn.o_proj,
                                                     layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
         kind = _one_kind(lins_all + ([fc] if fc is not None else []))
-        if kind is None or kind == "q":  # a quantized matrix is a descriptor: not fused here
+        if kind is None:
             return None
+
+        def joined(mods) -> torch.Tensor:
+            if kind != "q":
+                return torch.cat([_packed(m) for m in mods])
+            # one descriptor over the linears' own segments (their panels live with them)
+            segs = [_packed(m) for m in mods]
+            return torch.cat([torch.tensor([sum(int(d[0]) for d in segs)], dtype=torch.int64)] + [d[1:] for d in segs])
+
         context = None
         if fc is not None:
             if fc.bias is not None or _packed(fc) is None or fc.out_features % 16 or not _fp32_norm(hidden_norm):
@@ -149,8 +157,8 @@ class NativeStack:
             if any(m.bias is not None for m in qkv):
                 bias = torch.cat([m.bias.float() if m.bias is not None else m.weight.new_zeros(m.out_features,
                                   dtype=torch.float32) for m in qkv])
-            parts.append(dict(qkv=torch.cat([_packed(m) for m in qkv]), qkv_b=bias, o=_packed(attn.o_proj),
-                              gu=torch.cat([_packed(mlp.gate_proj), _packed(mlp.up_proj)]), down=_packed(mlp.down_proj),
+            parts.append(dict(qkv=joined(qkv), qkv_b=bias, o=_packed(attn.o_proj),
+                              gu=joined((mlp.gate_proj, mlp.up_proj)), down=_packed(mlp.down_proj),
                               **dict(zip(("ln1", "ln2", "q_norm", "k_norm"),
                                          (None if n is None else n.weight for n in norms)))))
         stack = cls(cfg, parts, lib, kind)

@@ -5,6 +5,8 @@ modules without random weights.
   fp32 (`use_bf16_weights`, `native_panels`, `linear_input_dtype`);
 - `fp32` on a CPU: weights in fp32, packed into the same kernel's panels
   (`use_f32_panels`): batch-invariant, unlike torch's fp32 matmul on some CPUs;
+- `q8_0` / `q4_0` (a drafter's linears, `use_q8x_weights`): each weight quantized once
+  to that GGUF block type and computed by the q8x kernel (int8 activations per 32);
 - `bf16` on a CPU: oneDNN with the weight pre-packed (`pack_cpu_bf16_linears`);
 - `skip_weight_init`: build `nn.Linear` / `nn.Embedding` whose weights a checkpoint
   replaces next, without drawing random ones.
@@ -147,6 +149,37 @@ def use_quantized_weights(model: nn.Module, matrices: dict[str, QuantMatrix]) ->
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear) and name in matrices:
             mod.forward = _QuantLinearForward(mod, matrices[name])
+            n += 1
+    return n
+
+
+#: the block types a model's fp32 linears can be quantized to at load (`use_q8x_weights`)
+Q8X_WEIGHT_TYPES = ("q8_0", "q4_0")
+
+
+def use_q8x_weights(model: nn.Module, qtype: str) -> int:
+    """Quantize every CPU `nn.Linear` of `model` whose input width is whole blocks of 32
+    to GGUF `qtype` ("q8_0" or "q4_0", ggml's rounding, by the `gguf` package) and run it
+    through the q8x kernel (int8 activations per 32, batch-invariant). For a drafter:
+    its output need not be any reference's, verification is exact. The module's weight
+    becomes the blocks' dequantized values (what autograd would see). Returns how many
+    linears were switched."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if qtype not in Q8X_WEIGHT_TYPES:
+        raise ValueError(f"weights quantized at load are one of {', '.join(Q8X_WEIGHT_TYPES)}, not {qtype!r}")
+    gtype = GGMLQuantizationType[qtype.upper()]
+    n = 0
+    for mod in model.modules():
+        if (isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu" and mod.in_features % 32 == 0
+                and "forward" not in mod.__dict__):
+            w = mod.weight.detach().to(torch.float32).numpy()
+            blocks = torch.from_numpy(np.ascontiguousarray(quantize(w, gtype)).view(np.uint8).copy())
+            packed = QuantMatrix([(qtype.upper(), blocks)], mod.in_features, int8_activations=True)
+            mod.weight = nn.Parameter(packed.dequantize(), requires_grad=False)
+            mod.forward = _QuantLinearForward(mod, packed)
             n += 1
     return n
 

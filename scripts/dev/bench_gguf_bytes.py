@@ -45,7 +45,7 @@ def read_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
     return nbytes / best / 1e9
 
 
-def per_type(k: int, n: int, total: int, bw: float) -> list[dict]:
+def per_type(k: int, n: int, total: int, bw: float, quant: list[str]) -> list[dict]:
     from test_quant_kernels import random_blocks
 
     from dspark.runtime.cpu_matmul import PackedBf16, PackedBf16Dot, bf16x_kernel, gemm_bf16w, gemm_bf16x
@@ -53,7 +53,6 @@ def per_type(k: int, n: int, total: int, bw: float) -> list[dict]:
 
     rows = []
     x = torch.randn(1, k)
-    quant = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
     kinds = [*quant, *(q + "/q8x" for q in quant), "bf16w"] + (["bf16x"] if bf16x_kernel() else [])
     for kind in kinds:
         if kind.startswith("bf16"):
@@ -114,13 +113,18 @@ def main() -> int:
     ap.add_argument("--files", nargs="*", default=[])
     ap.add_argument("--dtypes", default="auto", help="comma-separated precisions each file is decoded in")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--types", default=None,
+                    help="comma-separated GGUF types (default: every quantized type the kernel reads)")
     ap.add_argument("--mb", type=int, default=200, help="weights streamed per measurement (MB)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     info = {**machine(), "threads": args.threads}
     bw = read_bandwidth()
     print(json.dumps({**info, "read_bandwidth_gb_s": round(bw, 2)}), flush=True)
-    for row in per_type(1536, 3072, args.mb << 20, bw):  # rows whole blocks of 256 for the K-types
+    from dspark.runtime.quantized import QUANTIZED_TYPES
+
+    types = args.types.split(",") if args.types else list(QUANTIZED_TYPES)
+    for row in per_type(1536, 3072, args.mb << 20, bw, types):  # rows whole blocks of 256 for the K-types
         print(json.dumps({**info, "shape": "3072x1536", **row}), flush=True)
     for f in args.files:
         for dtype in args.dtypes.split(","):

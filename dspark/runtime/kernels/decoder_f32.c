@@ -91,7 +91,8 @@ int dspark_decoder_layers(float *x, int64_t N, const int64_t *ptrs, int64_t laye
  *   rotary on the keys;  both into the layer's cache at (slots[t], positions[t]).
  * taps [N, tap_width]; fc: the packed [hidden, tap_width] weight; ptrs as above (the
  * caches and norms included); scratch: at least N * (2 hidden + 2 KVH D) floats.
- * Returns 0, or -1 (nothing written) when a slot or a position is out of range. */
+ * Returns 0, or -1 (nothing written) when a slot or a position is out of range, or a
+ * quantized qkv descriptor does not split after the H*D query rows. */
 int dspark_drafter_context(const float *taps, int64_t N, int64_t tap_width, const void *fc,
                                  const float *hn, const int64_t *ptrs, int64_t layers, int64_t hidden, int64_t H,
                                  int64_t KVH, int64_t D, int64_t S, int64_t L, const float *cos, const float *sin,
@@ -105,8 +106,19 @@ int dspark_drafter_context(const float *taps, int64_t N, int64_t tap_width, cons
     dspark_rmsnorm_f32(tmp, hn, f, N, hidden, eps, threads);
     for (int64_t l = 0; l < layers; l++) {
         const int64_t *p = ptrs + l * LAYER_PTRS;
-        /* the packed weight is panels of [hidden][16]: the keys' panels start at panel H*D/16 */
+        /* the packed weight is panels of [hidden][16]: the keys' panels start at panel H*D/16;
+         * a quantized one is a descriptor of segments: the keys' start after H*D rows */
         const void *wkv = (const char *)p[W_QKV] + H * D * hidden * weight_bytes(kind);
+        int64_t kv_desc[1 + 4 * 8];
+        if (kind == 3) {
+            const int64_t *d = (const int64_t *)p[W_QKV];
+            int64_t rows = 0, s = 0;
+            while (s < d[0] && rows < H * D) rows += d[1 + 4 * s + 1], s++;
+            if (rows != H * D || d[0] - s > 8) return -1;
+            kv_desc[0] = d[0] - s;
+            memcpy(kv_desc + 1, d + 1 + 4 * s, (size_t)(4 * kv_desc[0]) * sizeof(int64_t));
+            wkv = kv_desc;
+        }
         const float *bkv = p[B_QKV] ? (const float *)p[B_QKV] + H * D : 0;
         gemm(kind, f, wkv, bkv, kv, N, KV, hidden, threads);
         if (p[K_NORM])
