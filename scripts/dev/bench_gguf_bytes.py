@@ -1,7 +1,8 @@
 """Bytes read per decoded token in the gguf precision, against the machine's measured
 memory bandwidth: for each GGUF type, one-row matmuls over distinct weights of some 200 MB
 (so they stream from memory, as a model's do) with the type's repacked bytes per weight,
-GB/s reached, and the fraction of a plain read of the same bytes; then, for each model
+GB/s reached, and the fraction of a plain read of the same bytes (median of --passes, each
+measuring the bandwidth then every type, and the range); then, for each model
 file given, engine-alone decode at one request (plain, 96 tokens, 3 prompts) with its
 bytes per token. Beside each: bf16x/bf16w over the same shapes.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -34,26 +36,32 @@ def machine() -> dict:
                                                                           "avx512_vnni", "amx_tile"))}
 
 
-def read_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
-    """GB/s of summing a buffer far larger than the caches (torch's threads)."""
+def read_bandwidth(nbytes: int = 512 << 20, repeats: int = 7) -> float:
+    """GB/s of reading a buffer far larger than the caches (torch's threads): the best of
+    an fp32 sum and a uint8 max over it (either alone can fall short of the memory's rate
+    by a third on these machines)."""
     x = torch.ones(nbytes // 4)
+    y = torch.ones(nbytes, dtype=torch.uint8)
     best = 1e9
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
+        for fn in (x.sum, y.max):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
     return nbytes / best / 1e9
 
 
-def per_type(k: int, n: int, total: int, bw: float, quant: list[str]) -> list[dict]:
+def per_type(k: int, n: int, total: int, quant: list[str], passes: int) -> tuple[list[dict], list[float]]:
+    """Each kind's rows (median over `passes` and [min-max]: each pass measures the read
+    bandwidth, then every kind, the order reversed every other pass) and the bandwidths."""
     from test_quant_kernels import random_blocks
 
     from dspark.runtime.cpu_matmul import PackedBf16, PackedBf16Dot, bf16x_kernel, gemm_bf16w, gemm_bf16x
     from dspark.runtime.quantized import QuantMatrix, gemm_quant
 
-    rows = []
     x = torch.randn(1, k)
     kinds = [*quant, *(q + "/q8x" for q in quant), "bf16w"] + (["bf16x"] if bf16x_kernel() else [])
+    lanes = {}
     for kind in kinds:
         if kind.startswith("bf16"):
             count = max(2, total // (2 * n * k))
@@ -69,17 +77,28 @@ def per_type(k: int, n: int, total: int, bw: float, quant: list[str]) -> list[di
             mats = [QuantMatrix([(qtype, random_blocks(qtype, n, k, seed=i))], k, int8) for i in range(count)]
             call = [lambda m=m: gemm_quant(x, m) for m in mats]
             nbytes = sum(m.nbytes for m in mats)
-        best = 1e9
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for c in call:
-                c()
-            best = min(best, time.perf_counter() - t0)
-        gbs = nbytes / best / 1e9
-        rows.append({"kind": kind, "bytes_per_weight": round(nbytes / (n * k * count), 4),
-                     "weights_per_s_g": round(n * k * count / best / 1e9, 2), "gb_per_s": round(gbs, 2),
-                     "fraction_of_read_bandwidth": round(gbs / bw, 3)})
-    return rows
+        lanes[kind] = (call, nbytes, n * k * count, [])
+    bws = []
+    for i in range(passes):
+        bws.append(read_bandwidth())
+        for kind in (kinds if i % 2 == 0 else kinds[::-1]):
+            call, nbytes, weights, seen = lanes[kind]
+            best = 1e9
+            for _ in range(3):
+                t0 = time.perf_counter()
+                for c in call:
+                    c()
+                best = min(best, time.perf_counter() - t0)
+            seen.append((nbytes / best / 1e9, weights / best / 1e9, nbytes / best / 1e9 / bws[-1]))
+    rows = []
+    for kind, (_, nbytes, weights, seen) in lanes.items():
+        gbs, wps, frac = (sorted(v[j] for v in seen) for j in range(3))
+        rows.append({"kind": kind, "bytes_per_weight": round(nbytes / weights, 4),
+                     "weights_per_s_g": round(statistics.median(wps), 2), "gb_per_s": round(statistics.median(gbs), 2),
+                     "gb_per_s_range": [round(gbs[0], 2), round(gbs[-1], 2)],
+                     "fraction_of_read_bandwidth": round(statistics.median(frac), 3),
+                     "fraction_range": [round(frac[0], 3), round(frac[-1], 3)]})
+    return rows, bws
 
 
 def per_file(path: str, bw: float, dtype: str) -> dict:
@@ -113,18 +132,21 @@ def main() -> int:
     ap.add_argument("--files", nargs="*", default=[])
     ap.add_argument("--dtypes", default="auto", help="comma-separated precisions each file is decoded in")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=3, help="passes over every kind (median and range)")
     ap.add_argument("--types", default=None,
                     help="comma-separated GGUF types (default: every quantized type the kernel reads)")
     ap.add_argument("--mb", type=int, default=200, help="weights streamed per measurement (MB)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     info = {**machine(), "threads": args.threads}
-    bw = read_bandwidth()
-    print(json.dumps({**info, "read_bandwidth_gb_s": round(bw, 2)}), flush=True)
     from dspark.runtime.quantized import QUANTIZED_TYPES
 
     types = args.types.split(",") if args.types else list(QUANTIZED_TYPES)
-    for row in per_type(1536, 3072, args.mb << 20, bw, types):  # rows whole blocks of 256 for the K-types
+    rows, bws = per_type(1536, 3072, args.mb << 20, types, args.passes)  # rows whole blocks of 256 for the K-types
+    bw = statistics.median(bws)
+    print(json.dumps({**info, "read_bandwidth_gb_s": round(bw, 2),
+                      "read_bandwidth_range": [round(min(bws), 2), round(max(bws), 2)]}), flush=True)
+    for row in rows:
         print(json.dumps({**info, "shape": "3072x1536", **row}), flush=True)
     for f in args.files:
         for dtype in args.dtypes.split(","):
