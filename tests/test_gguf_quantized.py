@@ -34,6 +34,9 @@ MIXES = {
     # and Q3_K (Q3_K_M's type)
     "iq4-q3k": {"attn_q": "IQ4_XS", "attn_k": "IQ4_NL", "attn_v": "Q3_K", "attn_output": "IQ4_NL", "ffn_gate": "IQ4_XS",
             "ffn_up": "IQ4_NL", "ffn_down": "IQ4_XS", "token_embd": "Q8_0", "output": "IQ4_XS"},
+    # what llama-quantize writes for Q2_K: Q2_K, with Q3_K / Q4_K / Q6_K where it keeps more bits
+    "q2k": {"attn_q": "Q2_K", "attn_k": "Q2_K", "attn_v": "Q3_K", "attn_output": "Q3_K", "ffn_gate": "Q2_K",
+            "ffn_up": "Q2_K", "ffn_down": "Q4_K", "token_embd": "Q2_K", "output": "Q6_K"},
 }
 #: gguf can quantize these from float weights; K-types get random blocks (it has no K quantizer)
 _FROM_FLOAT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -157,11 +160,11 @@ def test_a_type_the_kernel_cannot_read_is_named(tmp_path):
     from dspark.runtime.loader import resolve_model_path
 
     hf = tiny_hf("qwen2", tmp_path / "hf", tie=True)
-    path = tmp_path / "q2k.gguf"
-    mix = dict(MIXES["k-types"], ffn_down="Q2_K")
-    write_mixed_gguf(hf, "qwen2", path, mix, make_blocks=q2k_or_random_blocks)
+    path = tmp_path / "iq2.gguf"
+    mix = dict(MIXES["k-types"], ffn_down="IQ2_XXS")
+    write_mixed_gguf(hf, "qwen2", path, mix, make_blocks=iq2_or_random_blocks)
     model_dir = resolve_model_path(str(path))
-    with pytest.raises(QuantError, match=r"blk\.0\.ffn_down\.weight is Q2_K"):
+    with pytest.raises(QuantError, match=r"blk\.0\.ffn_down\.weight is IQ2_XXS"):
         load_transformer(model_dir, "auto")
     assert load_transformer(model_dir, "fp32").precision == "fp32"  # dequantized when asked
     # the refusal is kept with the types read then; one from a kernel that read fewer is
@@ -171,14 +174,14 @@ def test_a_type_the_kernel_cannot_read_is_named(tmp_path):
     note.write_text(json.dumps({"unreadable": "an older refusal"}))
     assert resolve_model_path(str(path)) == model_dir
     again = json.loads(note.read_text())
-    assert again["reads"] == list(TYPES) and "blk.0.ffn_down.weight is Q2_K" in again["unreadable"]
+    assert again["reads"] == list(TYPES) and "blk.0.ffn_down.weight is IQ2_XXS" in again["unreadable"]
 
 
-def q2k_or_random_blocks(qtype, rows, k, seed=0, exponents=(-12, -9)):
-    """Q2_K raw blocks (gguf dequantizes them; the kernel does not read them) with
+def iq2_or_random_blocks(qtype, rows, k, seed=0, exponents=(-12, -9)):
+    """IQ2_XXS raw blocks (gguf dequantizes them; the kernel does not read them) with
     finite fp16 scales; other types as `random_blocks`."""
-    if qtype != "Q2_K":
+    if qtype != "IQ2_XXS":
         return random_blocks(qtype, rows, k, seed, exponents)
-    raw = np.random.default_rng(seed).integers(0, 256, size=(rows * k // 256, 84), dtype=np.uint8)
-    raw[:, 80:84] = np.full((raw.shape[0], 2), 2.0 ** -10, dtype=np.float16).view(np.uint8)
+    raw = np.random.default_rng(seed).integers(0, 256, size=(rows * k // 256, 66), dtype=np.uint8)
+    raw[:, 0:2] = np.full((raw.shape[0], 1), 2.0 ** -10, dtype=np.float16).view(np.uint8)
     return torch.from_numpy(raw.reshape(rows, -1).copy())

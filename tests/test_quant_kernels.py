@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="native kern
 #: byte offsets of a block's fp16 fields (scales, mins): random bytes there could be NaN
 _HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
                 "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
-                "Q3_K": (108,)}
+                "Q3_K": (108,), "Q2_K": (80, 82)}
 
 
 def random_blocks(qtype: str, rows: int, k: int, seed: int = 0, exponents: tuple[int, int] = (-14, -4)
@@ -120,4 +120,18 @@ def test_blocks_that_do_not_fit_are_refused():
     with pytest.raises(QuantError, match="not whole Q4_K blocks"):
         QuantMatrix([("Q4_K", random_blocks("Q8_0", 2, 96))], 96)
     with pytest.raises(QuantError, match="not one the gguf kernel reads"):
-        QuantMatrix([("Q2_K", torch.zeros(1, 84, dtype=torch.uint8))], 256)
+        QuantMatrix([("IQ2_XXS", torch.zeros(1, 66, dtype=torch.uint8))], 256)
+    with pytest.raises(QuantError, match="Q2_K blocks have no q8x form"):
+        QuantMatrix([("Q2_K", random_blocks("Q2_K", 8, 256))], 256, int8_activations=True)
+
+
+def test_q2k_beside_other_types_fuses_on_every_isa_path(isa):
+    """Q2_K has AVX2 units only: on an AVX-512 CPU its decode runs them beside the other
+    segments' AVX-512 ones; the bits are the reference's either way, for 1 to 3 rows."""
+    k = 512
+    parts = [("Q4_K", random_blocks("Q4_K", 9, k, 1)), ("Q2_K", random_blocks("Q2_K", 21, k, 2)),
+             ("Q6_K", random_blocks("Q6_K", 8, k, 3))]
+    fused = QuantMatrix(parts, k)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
+    for m in (1, 2, 3):
+        assert torch.equal(gemm_quant(x[:m], fused), gemm_quant(x[:m], fused, reference=True)), m

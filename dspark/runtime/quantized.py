@@ -1,6 +1,6 @@
 """A GGUF file's weights as stored: the `gguf` precision.
 
-A quantized GGUF (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
+A quantized GGUF (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
 tensors, and F16, BF16, F32 ones beside them) is served with each linear's blocks read in
 place by the native kernel (kernels/gemm_quant.c): every weight is exactly its dequantized fp32 value (the
 value transformers builds from the file), activations and accumulation are fp32, and
@@ -36,14 +36,16 @@ QUANTIZED_FILE = "quantized/blocks.safetensors"  # in a folder: not among the ch
 QUANTIZED_NOTE = "quantized.json"
 
 #: ggml type ids the kernel reads (ggml.h `enum ggml_type`)
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q3_K": 11, "Q4_K": 12,
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12,
          "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
 TYPE_NAMES = {v: k for k, v in TYPES.items()}
 #: (weights, bytes) per block
 BLOCKS = {"F32": (32, 128), "F16": (32, 64), "BF16": (32, 64), "Q4_0": (32, 18), "Q4_1": (32, 20),
-          "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q3_K": (256, 110), "Q4_K": (256, 144),
+          "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144),
           "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
 QUANTIZED_TYPES = tuple(t for t in TYPES if t not in ("F32", "F16", "BF16"))
+#: the quantized types q8x has no panel form for (the gguf precision reads them)
+NOT_Q8X = ("Q2_K",)
 #: a repacked type's id plus this: the same bytes read with int8 activations (quant_units.h X_OFF - R_OFF)
 _Q8X_OFFSET = 100
 
@@ -108,6 +110,8 @@ class QuantMatrix:
             if rows:
                 lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], rows, in_features,
                                         packed.data_ptr())
+            if int8_activations and name in NOT_Q8X:
+                raise QuantError(f"{name} blocks have no q8x form (a min per 16 weights); --dtype gguf reads them")
             if int8_activations and name in QUANTIZED_TYPES:  # q8x: panels of 8 columns (gemm_q8x.c)
                 kind = lib.dspark_q8x_panel_type(TYPES[name])  # the IQ4 types: panels of their 4-bit indices
                 group = lib.dspark_q8x_group_bytes(kind, in_features)
@@ -339,6 +343,10 @@ def choose_activations(cfg, tensors: dict[str, tuple[str, torch.Tensor]], repeat
     import time
 
     segs = first_mlp_segments(tensors)
+    unread = sorted({t for t, _ in tensors.values() if t in NOT_Q8X})
+    if unread:
+        return "gguf", (f"dtype auto: gguf (the file's blocks as stored, fp32 activations; its {', '.join(unread)} "
+                        "tensors have no q8x form)")
     if segs is None:
         return "gguf", "dtype auto: gguf (the file's blocks as stored, fp32 activations)"
     k = cfg.hidden_size

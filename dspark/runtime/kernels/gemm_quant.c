@@ -15,6 +15,8 @@
  *   Q5_K 256: as Q4_K plus 32 bytes of fifth bits (bit j of byte l: weight 32 j + l)
  *   Q6_K 256: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d
  *             last; w = (d sc) (q - 32), sixteen sub-blocks of 16
+ *   Q2_K 256: 16 bytes of 4-bit scales (low) and mins (high), 64 bytes of 2-bit quants,
+ *             fp16 d, fp16 dmin; w = (d sc) q - (dmin m), sixteen sub-blocks of 16
  *   F32, F16, BF16: one weight per element (treated as blocks of 32 here).
  * Each product above is exact in fp32 (at most 11 + 7 + 6 significant bits), so the
  * only rounding is the one subtraction or addition of Q4_1, Q5_1, Q4_K and Q5_K, done
@@ -225,8 +227,13 @@ static int fused_type(int type) { return type > R_OFF; }
         case R_Q8_0: KERNEL(R_Q8_0, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
         case R_Q4_K: KERNEL(R_Q4_K, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
         case R_Q5_K: KERNEL(R_Q5_K, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;     \
+        FUSED_Q2K_##KERNEL(mr, n)                                                                  \
         default: KERNEL(R_Q6_K, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;         \
     }
+/* R_Q2_K has AVX2 units only (quant_units.h): the AVX-512 decode hands it to fused_cols256 */
+#define FUSED_Q2K_fused512(mr, n)
+#define FUSED_Q2K_fused256(mr, n) \
+    case R_Q2_K: fused256(R_Q2_K, x, K, data + (c + j) * rb, rb, y + j, ldy, b, mr, n); break;
 
 /* Columns [c, c + nc) of one segment for M (1 or 2) rows, `wide` columns at a time (the
  * widest the registers hold: AVX-512 8 for one row and 4 for two, AVX2 half that),
@@ -350,7 +357,7 @@ static void gemm_quant(const float *x, const int64_t *desc, const float *bias, f
             const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
             int64_t lo = c0 > base ? c0 : base, hi = c1 < base + rows ? c1 : base + rows;
             if (M <= 2 && fused_type(type) && fuse) {
-                if (hi > lo && isa == 512)
+                if (hi > lo && isa == 512 && type != R_Q2_K)
                     fused_cols(type, x, M, K, data, rb, lo - base, hi - lo, y + lo, N, bias ? bias + lo : 0);
                 else if (hi > lo)
                     fused_cols256(type, x, M, K, data, rb, lo - base, hi - lo, y + lo, N, bias ? bias + lo : 0);

@@ -111,6 +111,7 @@ static void unit_w8(int type, const uint8_t *row, int64_t u, int w8[32]) {
 int64_t dspark_q8x_group_bytes(int type, int64_t K) { return K / 32 * unit_bytes(xinfo(type)); }
 
 int dspark_q8x_panel_type(int file_type) {
+    if (file_type == GT_Q2_K) return 0;  /* no panel form: a min per 16 weights (the gguf precision reads it) */
     if (file_type == GT_IQ4_NL) return R_IQ4_NL;
     return file_type == GT_IQ4_XS ? R_IQ4_XS : dspark_quant_repacked_type(file_type);
 }

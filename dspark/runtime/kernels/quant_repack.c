@@ -19,6 +19,7 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
         case GT_Q5_0: b = 22; break;
         case GT_Q5_1: b = 24; break;
         case GT_Q8_0: b = 34; break;
+        case GT_Q2_K: n = 256; b = 84; break;
         case GT_Q3_K: n = 256; b = 110; break;
         case GT_Q4_K: n = 256; b = 144; break;
         case GT_Q5_K: n = 256; b = 176; break;
@@ -33,6 +34,7 @@ int64_t dspark_quant_block(int type, int64_t *bytes) {
         case R_Q4_K: n = 256; b = 192; break;
         case R_Q5_K: n = 256; b = 320; break;
         case R_Q6_K: n = 256; b = 320; break;
+        case R_Q2_K: n = 256; b = 384; break;
         default: n = 0;
     }
     if (bytes) *bytes = b;
@@ -145,6 +147,21 @@ void dspark_quant_repack(int type, const uint8_t *src, int64_t src_row, int64_t 
                     }
                     break;
                 }
+                case GT_Q2_K: {  /* R_Q2_K: ds[16] = d (sc & 15), dm[16] = dmin (sc >> 4), then q a byte each */
+                    const float d = h2f(s + 80), dmin = h2f(s + 82);
+                    const uint8_t *sc = s, *qs = s + 16;
+                    float g[32];
+                    for (int j = 0; j < 16; j++) {
+                        g[j] = d * (float)(sc[j] & 15);
+                        g[16 + j] = dmin * (float)(sc[j] >> 4);
+                    }
+                    memcpy(o, g, 128);
+                    for (int i = 0; i < 256; i++) {  /* i = 128 half + 32 shift + l */
+                        const int half = i / 128, sh = (i / 32) % 4, l = i % 32;
+                        o[128 + i] = (uint8_t)((qs[32 * half + l] >> (2 * sh)) & 3);
+                    }
+                    break;
+                }
                 case GT_Q6_K: {  /* ds[16], then q - 32 a byte each, in weight order */
                     const float d = h2f(s + 208);
                     for (int j = 0; j < 16; j++) f[j] = d * (float)((const int8_t *)(s + 192))[j];
@@ -231,15 +248,25 @@ static void dequant_row_ref(int type, const uint8_t *row, int64_t K, float *rest
                 for (int l = 0; l < 256; l++) y[l] = f32at(blk + 4 * (l / 16)) * (float)q[l];
                 break;
             }
+            case R_Q2_K: {
+                for (int l = 0; l < 256; l++)
+                    y[l] = f32at(blk + 4 * (l / 16)) * (float)blk[128 + l] - f32at(blk + 64 + 4 * (l / 16));
+                break;
+            }
         }
     }
 }
 
 
+static void dq256(int type, const uint8_t *row, int64_t K, float *restrict out);
+
 static T512 void dq512(int type, const uint8_t *row, int64_t K, float *restrict out) {
     switch (type) {
         case GT_F32: case GT_F16: case GT_BF16:
             dequant_row_ref(type, row, K, out);
+            return;
+        case R_Q2_K:  /* AVX2 units only (quant_units.h) */
+            dq256(type, row, K, out);
             return;
     }
     for (int64_t u = 0; u < K / 32; u++) {

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q3_K = 11,
+enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q2_K = 10, GT_Q3_K = 11,
        GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_IQ4_NL = 20, GT_IQ4_XS = 23, GT_BF16 = 30 };
 
 /* The layouts the kernel reads (repacked once from a file's blocks by
@@ -22,8 +22,11 @@ enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 
  *   R_Q4_K 256: f32 ds[8], f32 dm[8], the 128 bytes of quants as stored
  *   R_Q5_K 256: f32 ds[8], f32 dm[8], 256 int8 (q)
  *   R_Q6_K 256: f32 ds[16], 256 int8 (q - 32)
+ *   R_Q2_K 256: f32 ds[16], f32 dm[16], 256 uint8 q in [0, 3]  (w = (d sc) q - (dmin m) per 16)
  * The 5- and 6-bit quants are widened to a byte each (a third or a half more bytes read):
  * assembling them from their bit planes cost more than the dot products they feed.
+ * R_Q2_K is read by the AVX2 units on every CPU (AVX-512 ones included: the same values)
+ * and never packed for q8x; it is correct, not fast (1.5 bytes a weight, the file 0.33).
  * Q3_K becomes R_Q6_K rows (ds = d (sc - 32) per 16 weights, exact in fp32; q in [-4, 3] a
  * byte each: three times the file's bytes).
  * IQ4_NL and IQ4_XS become R_Q8_0 rows: each 4-bit index replaced by its value in ggml's
@@ -32,7 +35,7 @@ enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 
  * R_IQ4_NL and R_IQ4_XS name those rows' q8x panels, which keep the 4-bit indices (half
  * the bytes) and look their values up (q8x_tiles.h).
  * F32, F16 and BF16 rows are read as stored. */
-enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8_0 = 108, R_Q4_K = 112,
+enum { R_OFF = 100, R_Q4_0 = 102, R_Q4_1 = 103, R_Q5_0 = 106, R_Q5_1 = 107, R_Q8_0 = 108, R_Q2_K = 110, R_Q4_K = 112,
        R_Q5_K = 113, R_Q6_K = 114, R_IQ4_NL = 120, R_IQ4_XS = 123 };
 
 /* ggml's table of the IQ4 types' 16 values. */
@@ -227,6 +230,16 @@ static inline __attribute__((always_inline)) void unit256(int type, const uint8_
             for (int h = 0; h < 4; h++)
                 w[h] = _mm256_mul_ps(_mm256_set1_ps(f32at(blk + 8 * sub + 4 * (h >> 1))),
                                      _mm256_cvtepi32_ps(I8x8(q + 8 * h)));
+            return;
+        }
+        case R_Q2_K: {  /* a scale and a min per 16 weights; (d sc) q is exact, so one rounding as ggml's */
+            const int sub = (int)(u & 7);
+            const uint8_t *blk = row + (u >> 3) * 384, *q = blk + 128 + 32 * sub;
+            for (int h = 0; h < 4; h++) {
+                const int j = 2 * sub + (h >> 1);
+                w[h] = _mm256_fmsub_ps(_mm256_set1_ps(f32at(blk + 4 * j)), _mm256_cvtepi32_ps(U8x8(q + 8 * h)),
+                                       _mm256_set1_ps(f32at(blk + 64 + 4 * j)));
+            }
             return;
         }
     }
