@@ -15,7 +15,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "embedded SmolLM2-135M-Instruct (a Q4_1 GGUF) (default: %(default)s)")
     g.add_argument("--dtype", default="auto", choices=["auto", "gguf", "q8x", "bf16", "fp16", "fp32", "bf16w", "bf16x"],
                    help="precision: gguf = a quantized GGUF file's blocks as stored (Q8_0, Q4_0/1, Q5_0/1, "
-                        "Q3_K-Q6_K, IQ4_NL, IQ4_XS), every weight its exact value, fp32 compute; q8x = the same "
+                        "Q2_K-Q6_K, IQ4_NL, IQ4_XS), every weight its exact value, fp32 compute; q8x = the same "
                         "blocks with the activations quantized to int8 per 32 weights (integer dot products, as "
                         "llama.cpp computes a quantized model: faster, not transformers' fp32 model); bf16w = bf16 "
                         "weights with fp32 compute (native AVX2/AVX-512 kernels); bf16x = bf16 weights with matmul "

@@ -60,7 +60,9 @@ def per_type(k: int, n: int, total: int, quant: list[str], passes: int) -> tuple
     from dspark.runtime.quantized import QuantMatrix, gemm_quant
 
     x = torch.randn(1, k)
-    kinds = [*quant, *(q + "/q8x" for q in quant), "bf16w"] + (["bf16x"] if bf16x_kernel() else [])
+    from dspark.runtime.quantized import NOT_Q8X
+
+    kinds = [*quant, *(q + "/q8x" for q in quant if q not in NOT_Q8X), "bf16w"] + (["bf16x"] if bf16x_kernel() else [])
     lanes = {}
     for kind in kinds:
         if kind.startswith("bf16"):
