@@ -156,6 +156,20 @@ def test_a_step_gives_each_row_the_bits_of_decoding_it_alone(tmp_path):
     assert torch.equal(torch.stack(rows), whole)
 
 
+def test_a_q2k_file_is_served_in_gguf_and_q8x_says_why(tmp_path):
+    from dspark.runtime.loader import resolve_model_path
+
+    hf = tiny_hf("llama", tmp_path / "hf", tie=False)
+    path = tmp_path / "q2k.gguf"
+    write_mixed_gguf(hf, "llama", path, MIXES["q2k"])
+    model_dir = resolve_model_path(str(path))
+    said: list[str] = []
+    assert load_transformer(model_dir, "auto", log=said.append).precision == "gguf"
+    assert any("Q2_K tensors have no q8x form" in line for line in said), said
+    with pytest.raises(QuantError, match="Q2_K blocks have no q8x form"):
+        load_transformer(model_dir, "q8x")
+
+
 def test_a_type_the_kernel_cannot_read_is_named(tmp_path):
     from dspark.runtime.loader import resolve_model_path
 
