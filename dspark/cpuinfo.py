@@ -35,6 +35,7 @@ def widest_isa(flags: set[str]) -> str | None:
 
 
 def usable_cpus() -> int:
+    """The cores this process may run on (its affinity; the machine's count where unknown)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -125,6 +125,13 @@ def test_blocks_that_do_not_fit_are_refused():
         QuantMatrix([("Q2_K", random_blocks("Q2_K", 8, 256))], 256, int8_activations=True)
 
 
+def test_the_types_without_a_q8x_form_are_the_kernels():
+    from dspark.runtime.quantized import NOT_Q8X, QUANTIZED_TYPES
+
+    lib = cpu_kernels.load()
+    assert [t for t in QUANTIZED_TYPES if lib.dspark_q8x_panel_type(TYPES[t]) == 0] == list(NOT_Q8X)
+
+
 def test_q2k_beside_other_types_fuses_on_every_isa_path(isa):
     """Q2_K has AVX2 units only: on an AVX-512 CPU its decode runs them beside the other
     segments' AVX-512 ones; the bits are the reference's either way, for 1 to 3 rows."""

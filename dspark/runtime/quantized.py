@@ -44,7 +44,8 @@ BLOCKS = {"F32": (32, 128), "F16": (32, 64), "BF16": (32, 64), "Q4_0": (32, 18),
           "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144),
           "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
 QUANTIZED_TYPES = tuple(t for t in TYPES if t not in ("F32", "F16", "BF16"))
-#: the quantized types q8x has no panel form for (the gguf precision reads them)
+#: the quantized types q8x has no panel form for (the gguf precision reads them; the
+#: kernel says so too: dspark_q8x_panel_type 0, checked against this by the tests)
 NOT_Q8X = ("Q2_K",)
 #: a repacked type's id plus this: the same bytes read with int8 activations (quant_units.h X_OFF - R_OFF)
 _Q8X_OFFSET = 100
@@ -102,6 +103,10 @@ class QuantMatrix:
             blocks = blocks.detach().contiguous()
             if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != in_features // per * nbytes:
                 raise QuantError(f"{name} blocks {tuple(blocks.shape)} do not hold rows of {in_features} weights")
+            panel_kind = lib.dspark_q8x_panel_type(TYPES[name]) if int8_activations and name in QUANTIZED_TYPES \
+                else None  # q8x: panels of 8 columns (gemm_q8x.c); the IQ4 types keep their 4-bit indices
+            if panel_kind == 0:  # the kernel has no panel form for it (NOT_Q8X)
+                raise QuantError(f"{name} blocks have no q8x form (a min per 16 weights); --dtype gguf reads them")
             kind = lib.dspark_quant_repacked_type(TYPES[name])
             row_bytes = ctypes.c_int64()
             per_repacked = lib.dspark_quant_block(kind, ctypes.byref(row_bytes))  # IQ4_NL/XS: R_Q8_0's 32
@@ -110,10 +115,8 @@ class QuantMatrix:
             if rows:
                 lib.dspark_quant_repack(TYPES[name], blocks.data_ptr(), blocks.shape[1], rows, in_features,
                                         packed.data_ptr())
-            if int8_activations and name in NOT_Q8X:
-                raise QuantError(f"{name} blocks have no q8x form (a min per 16 weights); --dtype gguf reads them")
-            if int8_activations and name in QUANTIZED_TYPES:  # q8x: panels of 8 columns (gemm_q8x.c)
-                kind = lib.dspark_q8x_panel_type(TYPES[name])  # the IQ4 types: panels of their 4-bit indices
+            if panel_kind is not None:
+                kind = panel_kind
                 group = lib.dspark_q8x_group_bytes(kind, in_features)
                 panel = torch.empty((rows + 7) // 8, group, dtype=torch.uint8)
                 if rows:
