@@ -341,33 +341,3 @@ def test_a_failing_step_errors_its_requests_and_the_engine_goes_on(tiny_server, 
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
     assert scrape(tiny_server.url)["dspark:request_error_total"] == 2
     assert tiny_server.app.state.dspark.async_engine.alive
-
-
-# --- start-up: /health answers before the engine exists ---------------------------------------------------
-def test_health_and_metrics_answer_while_the_engine_is_built(tmp_path):
-    from dspark.bench.fuzz import write_tiny_model
-    from dspark.runtime.default_model import default_model_dir
-
-    write_tiny_model(tmp_path / "tiny", default_model_dir())
-    config = ServeConfig(model=str(tmp_path / "tiny"), dtype="fp32", speculative=None, log_interval=0,
-                         engine=EngineConfig(max_num_seqs=2, max_model_len=64))
-    app = create_app(config, build=False)
-    with ServerThread(app) as srv:
-        r = httpx.get(srv.url + "/health", timeout=10)
-        assert r.status_code == 503 and r.json()["status"] == "starting" and r.headers["retry-after"]
-        assert "dspark:num_requests_running" in httpx.get(srv.url + "/metrics", timeout=10).text
-        err = assert_error(httpx.post(srv.url + "/v1/completions", json={"prompt": "hi"}, timeout=10), 503)
-        assert err["code"] == "starting" and "starting" in err["message"]
-        assert_error(httpx.get(srv.url + "/v1/models", timeout=10), 503)
-        phases = []
-        app.state.dspark.set_phase = lambda phase, real=app.state.dspark.set_phase: (phases.append(
-            httpx.get(srv.url + "/health", timeout=10).json()["status"]), real(phase), phases.append(
-            httpx.get(srv.url + "/health", timeout=10).json()["status"]))
-        app.state.dspark.build()
-        app.state.dspark.async_engine.start()  # the lifespan started before there was an engine
-        assert phases == ["starting", "loading", "loading", "profiling"]
-        assert httpx.get(srv.url + "/health", timeout=10).json() == {"status": "ok"}
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3, "temperature": 0},
-                       timeout=60)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-        assert [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]] == ["tiny"]

@@ -69,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "since the previous line; 0 = off (default: %(default)s)")
     o.add_argument("--shutdown-timeout", type=float, default=ServeConfig.shutdown_timeout,
                    help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: %(default)s)")
+    o.add_argument("--ready-wait", type=float, default=ServeConfig.ready_wait,
+                   help="seconds a request that arrives while the model loads waits for it before the server "
+                        "answers 503 (/health answers at once with the phase); 0 = answer 503 at once "
+                        "(default: %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, api_key=args.api_key, api_keys_file=args.api_keys_file,
         metrics_public=args.metrics_public, stream_chunk_tokens=args.stream_chunk_tokens,
         served_model_names=args.served_model_name or [], log_interval=args.log_interval,
-        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
+        shutdown_timeout=args.shutdown_timeout, ready_wait=args.ready_wait, max_request_bytes=args.max_request_bytes,
     )
     app = create_app(config, build=False)  # built by run_server, while /health already answers
     return 0 if run_server(app, config.host, config.port, config.shutdown_timeout) else 1

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -42,6 +41,9 @@ log = logging.getLogger("dspark.serve")
 DISCONNECT_POLL_S = 0.5
 
 
+#: how often a request that arrived during start-up looks whether the engine is ready
+READY_POLL_S = 0.05
+
 #: the phases /health reports before the engine is ready
 STARTING, LOADING, PROFILING, READY, FAILED = "starting", "loading", "profiling", "ready", "failed"
 PHASE_MESSAGES = {STARTING: "the server is starting", LOADING: "the server is loading the model",
@@ -52,8 +54,9 @@ PHASE_MESSAGES = {STARTING: "the server is starting", LOADING: "the server is lo
 class ServerState:
     """What the routes share. The engine may come later than the app: `dspark serve`
     answers /health (503, with the phase in its body) and /metrics from its first
-    second, while the model loads and the step-time profile runs; generation routes
-    answer 503 with Retry-After until `attach` has run."""
+    second, while the model loads and the step-time profile runs; a generation route
+    called before `attach` has run waits for it up to `config.ready_wait` seconds, then
+    answers 503 with Retry-After (at once if the build failed)."""
 
     def __init__(self, config: ServeConfig, names: list[str]) -> None:
         self.config = config
@@ -105,6 +108,13 @@ class ServerState:
             self.phase = FAILED
             raise
         self.attach(engine)
+
+    async def wait_ready(self) -> None:
+        """Return once the engine is ready, or after `config.ready_wait` seconds of start-up,
+        or at once if the build failed; `require_ready` then says which."""
+        deadline = time.monotonic() + self.config.ready_wait
+        while self.phase in (STARTING, LOADING, PROFILING) and time.monotonic() < deadline:
+            await asyncio.sleep(min(READY_POLL_S, max(0.0, deadline - time.monotonic())))
 
     def require_ready(self) -> None:
         if not self.ready:
@@ -164,6 +174,7 @@ def create_app(engine_or_config: LLMEngine | ServeConfig, config: ServeConfig | 
     started = int(time.time())
 
     async def require_ready() -> None:
+        await state.wait_ready()
         state.require_ready()
 
     auth = [Depends(require_api_key), Depends(require_ready)]

@@ -44,6 +44,9 @@ class ServeConfig:
     log_interval: float = 10.0
     #: seconds in-flight requests get to finish after SIGINT/SIGTERM
     shutdown_timeout: float = 30.0
+    #: seconds a request that arrives while the server starts waits for the engine before
+    #: its 503 (a client started beside the server need not retry); 0 answers 503 at once
+    ready_wait: float = 60.0
     #: request bodies over this many bytes are refused with 413
     max_request_bytes: int = 4 * 2**20
 
@@ -54,6 +57,8 @@ class ServeConfig:
             raise UserError(f"--port must be in 0..65535, got {self.port}")
         if self.log_interval < 0:
             raise UserError(f"--log-interval must be >= 0 seconds, got {self.log_interval}")
+        if self.ready_wait < 0:
+            raise UserError(f"--ready-wait must be >= 0 seconds, got {self.ready_wait}")
         if self.shutdown_timeout < 0:
             raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if self.max_request_bytes < 1024:
