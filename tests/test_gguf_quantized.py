@@ -156,6 +156,82 @@ def test_a_step_gives_each_row_the_bits_of_decoding_it_alone(tmp_path):
     assert torch.equal(torch.stack(rows), whole)
 
 
+@pytest.mark.parametrize("dtype", ["gguf", "q8x"])
+def test_a_quantized_target_holds_no_dense_copy_of_its_linears(tmp_path, dtype):
+    """Served from the file's blocks, a target never loads the checkpoint's fp32 copies of
+    its linears (their weights stay on the meta device: four bytes a weight no longer sit
+    beside the blocks); where a dense weight is asked for (autograd through the target,
+    `--init target`, a drafter's LM head rows) it is the blocks dequantized, exactly the
+    checkpoint's values."""
+    from transformers import AutoModelForCausalLM
+
+    from dspark.drafters import create_drafter
+    from dspark.runtime.target import Target
+    from dspark.runtime.weight_formats import dense_weight
+    from dspark.train.init import init_from_target
+
+    hf = tiny_hf("llama", tmp_path / "hf", tie=False)
+    path = tmp_path / "tiny.gguf"
+    write_mixed_gguf(hf, "llama", path, MIXES["k-types"])
+    target = Target.load(str(path), dtype=dtype, device="cpu", max_len=128)
+    model = target.model
+    assert target.precision == dtype
+    assert all(model.layers[i].qkv_proj.weight.is_meta and model.layers[i].down_proj.weight.is_meta
+               for i in range(2)) and model.lm_head.weight.is_meta
+    assert not model.embed_tokens.weight.is_meta and not model.norm.weight.is_meta
+    # transformers' own conversion of the file: a Llama file's q and k rows permuted back
+    sd = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).state_dict()
+    a = "model.layers.1.self_attn."
+    qkv = torch.cat([sd[a + p + "_proj.weight"] for p in "qkv"])
+    o, head = sd[a + "o_proj.weight"], sd["lm_head.weight"]
+    assert torch.equal(dense_weight(model.layers[1].qkv_proj), qkv)
+    assert torch.equal(dense_weight(model.lm_head), head)
+    # autograd through a served linear: the gradient of the dense weight
+    x = torch.randn(3, o.shape[1], requires_grad=True)
+    model.layers[1].o_proj(x).sum().backward()
+    torch.testing.assert_close(x.grad, o.sum(0).expand(3, -1))
+    # --init target copies the dequantized weights
+    d = create_drafter("dspark", target, seed=1, dtype=torch.float32, markov_rank=8, block_size=4,
+                       num_hidden_layers=1, target_layer_ids=[0])
+    init_from_target(d, model)
+    assert torch.equal(d.layers[0].self_attn.o_proj.weight, o)
+
+
+@pytest.mark.parametrize("kind,tie", [("llama", False), ("qwen2", True)])
+def test_a_users_file_is_converted_as_blocks_and_made_dense_when_asked(tmp_path, kind, tie):
+    """A user's quantized file is converted tensor by tensor: its linears stay blocks only
+    (the checkpoint holds the embeddings, norms and biases); a precision that computes with
+    dense weights completes the checkpoint, which then equals transformers' own conversion
+    of the file tensor for tensor, bit for bit (a Llama file's q and k rows permuted back)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from dspark.runtime.loader import resolve_model_path
+
+    hf = tiny_hf(kind, tmp_path / "hf", tie)
+    path = tmp_path / "tiny.gguf"
+    write_mixed_gguf(hf, kind, path, MIXES["k-types"])
+    d = resolve_model_path(str(path))
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        lean = set(f.keys())
+    assert "model.embed_tokens.weight" in lean and "model.norm.weight" in lean
+    assert not any(k.endswith(("_proj.weight",)) for k in lean) and "lm_head.weight" not in lean
+    assert json.loads((d / "quantized.json").read_text())["dense"] is False
+    model = load_transformer(d, "fp32")  # dense: the checkpoint is completed first
+    assert json.loads((d / "quantized.json").read_text())["dense"] is True
+    extra = {"head_dim": hf.config.head_dim} if kind == "qwen3" else {}
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32, **extra)
+    want = {k: v for k, v in ref.state_dict().items() if not (tie and k == "lm_head.weight")}
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        assert set(f.keys()) == set(want)
+        for k, v in want.items():
+            assert torch.equal(f.get_tensor(k).view(torch.int32), v.contiguous().view(torch.int32)), k
+    with torch.no_grad():
+        logits = ref.eval()(torch.tensor([IDS])).logits[0]
+    # fp32 sums in another order: differences of a few ulps of the largest logit
+    torch.testing.assert_close(_logits(model, IDS), logits, atol=1e-5 * float(logits.abs().max()), rtol=1e-4)
+
+
 def test_a_q2k_file_is_served_in_gguf_and_q8x_says_why(tmp_path):
     from dspark.runtime.loader import resolve_model_path
 

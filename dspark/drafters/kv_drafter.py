@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dspark.runtime.kv_cache import KVCachePool
-from dspark.runtime.weight_formats import linear_input_dtype
+from dspark.runtime.weight_formats import dense_weight, linear_input_dtype
 
 from .base import DraftRequest, Drafter
 from .config import DrafterConfig
@@ -80,7 +80,7 @@ class KVDrafter(Drafter):
             self.d2t.copy_((ids - torch.arange(ids.numel())).to(dev))
             self.t2d.zero_()
             self.t2d[ids.to(dev)] = True
-            self.lm_head.weight.copy_(self.target.lm_head.weight[ids.to(self.target.device)].to(self.lm_head.weight))
+            self.lm_head.weight.copy_(dense_weight(self.target.lm_head)[ids.to(self.target.device)].to(self.lm_head.weight))
         self._t2d_index = None
 
     def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,9 @@ def transformers_greedy(model_dir: str, prompts_ids: list[list[int]], max_tokens
     ends it (our runtime does not return it either)."""
     from transformers import AutoModelForCausalLM
 
+    from dspark.runtime.gguf_convert import ensure_dense
+
+    ensure_dense(model_dir)  # a converted GGUF's linears may be held as blocks only
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     outs = []
     with torch.no_grad():

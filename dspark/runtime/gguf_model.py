@@ -1,21 +1,24 @@
-"""GGUF files as models: dequantized once into a cached Hugging Face directory.
+"""GGUF files as models: converted once into a cached Hugging Face directory.
 
 `--model FILE.gguf` (Llama, Qwen2 and Qwen3 architectures, any quantization the
 installed `gguf` package can dequantize) is checked first (architecture, tensor
-types) so a file that cannot be read gets a message saying why, then converted
-through transformers + gguf to fp32 safetensors with its tokenizer and chat
-template, in `<cache>/models/<name>-<digest>/` (the digest of the file's path, size
-and modification time: a changed file is converted again). Every later use loads
-that directory directly. The embedded default model is such a file too.
+types) so a file that cannot be read gets a message saying why, then converted into
+`<cache>/models/<name>-<digest>/` (the digest of the file's path, size and
+modification time: a changed file is converted again) with its config, tokenizer and
+chat template. Every later use loads that directory directly.
 
-A quantized file's linears are also kept as stored (`quantized.write_quantized`): the
-`gguf` precision, which `--dtype auto` picks for such a file, serves them through the
-native kernel, each weight its exact dequantized value.
+A user's file is converted tensor by tensor (`gguf_convert`): the linears' blocks as
+stored, which `--dtype auto` serves in place (the `gguf` or `q8x` precision), and the
+other tensors in fp32; the linears are dequantized into the checkpoint only when a
+precision or a tool needs them dense. The embedded default model, which tools read as
+a whole checkpoint, is converted through transformers to fp32 and its blocks kept
+beside it (`quantized.write_quantized`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -79,14 +82,15 @@ def gguf_model_dir(path: str | Path, name: str | None = None) -> Path:
     from .cache import cache_root
 
     path = Path(path).expanduser().resolve()
-    if name is None:
+    user_file = name is None
+    if user_file:
         st = path.stat()
         digest = hashlib.sha1(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
         name = f"{path.stem}-{digest}"
     out = cache_root() / "models" / name
     if not ((out / "model.safetensors").is_file() and (out / "config.json").is_file()):
         arch = check_gguf(path)
-        convert_gguf(path, out, _config_overrides(path, arch))
+        convert_gguf(path, out, _config_overrides(path, arch), lean=user_file)
     from .quantized import ensure_quantized
 
     ensure_quantized(path, out)  # a quantized file's blocks, served as stored (--dtype gguf)
@@ -104,25 +108,46 @@ def _config_overrides(path: Path, arch: str) -> dict:
     return {"head_dim": int(field.parts[field.data[0]][0])}
 
 
-def convert_gguf(gguf: Path, out: Path, overrides: dict | None = None) -> None:
-    """Dequantize `gguf` to an fp32 HF directory `out` (written aside, then renamed);
-    `overrides`: config fields to set."""
+def convert_gguf(gguf: Path, out: Path, overrides: dict | None = None, lean: bool = False) -> None:
+    """`gguf` as an HF directory `out` (written aside, then renamed); `overrides`: config
+    fields to set. `lean`: tensor by tensor, the linears kept as blocks where the kernel
+    reads them (`gguf_convert.write_checkpoint`); else a whole fp32 checkpoint through
+    transformers (the embedded default model, which tools read as a checkpoint)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from .quantized import QuantError
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     print(f"[dspark] converting {gguf.name} to safetensors in {out} (first use only)...", flush=True)
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                     **(overrides or {}))
-        # transformers refuses save_pretrained on a GGUF-quantized model otherwise.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tok.save_pretrained(str(tmp))
+        if lean:
+            from .gguf_convert import write_checkpoint
+
+            config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **(overrides or {}))
+            config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+            config.dtype = torch.float32
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.save_pretrained(str(tmp))
+            GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+            write_checkpoint(gguf, tmp, json.loads((tmp / "config.json").read_text()))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                         **(overrides or {}))
+            # transformers refuses save_pretrained on a GGUF-quantized model otherwise.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            tok.save_pretrained(str(tmp))
+    except QuantError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise GgufError(str(e)) from None
     except (ValueError, KeyError, NotImplementedError, RuntimeError, OSError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise GgufError(f"cannot convert {gguf}: {type(e).__name__}: {e}") from None

@@ -71,10 +71,11 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def read_safetensors_dir(path: Path, error: type[Exception] = ModelLoadError) -> dict[str, torch.Tensor]:
+def read_safetensors_dir(path: Path, error: type[Exception] = ModelLoadError,
+                        skip: set[str] | frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """Every tensor of a directory's safetensors files (sharded via the index file
-    when present). Raises `error` for a missing, corrupt or truncated file; never
-    falls back to pickled formats."""
+    when present), but those named in `skip` (never read). Raises `error` for a missing,
+    corrupt or truncated file; never falls back to pickled formats."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         files = [path / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
@@ -87,20 +88,38 @@ def read_safetensors_dir(path: Path, error: type[Exception] = ModelLoadError) ->
         try:
             with safe_open(str(f), framework="pt") as fh:
                 for k in fh.keys():
-                    out[k] = fh.get_tensor(k)
+                    if k not in skip:
+                        out[k] = fh.get_tensor(k)
         except Exception as e:  # corrupt or truncated file
             raise error(f"cannot read {f}: {e}") from None
     return out
 
 
-def fuse_hf_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Map HF parameter names onto `Transformer`'s fused layout."""
+def fuse_hf_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor], linears: bool = True
+                       ) -> dict[str, torch.Tensor]:
+    """Map HF parameter names onto `Transformer`'s fused layout. `linears=False`: without
+    the linears' weights (served from a file's blocks; `sd` need not hold them)."""
 
     def take(name: str) -> torch.Tensor:
         for key in (name, name.removeprefix("model.")):
             if key in sd:
                 return sd[key]
         raise ModelLoadError(f"weight {name!r} missing from the checkpoint")
+
+    if not linears:
+        out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            if cfg.qkv_bias:
+                out[f"layers.{i}.qkv_proj.bias"] = torch.cat(
+                    [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")])
+            if cfg.qk_norm:
+                out[f"layers.{i}.q_norm.weight"] = take(a + "q_norm.weight")
+                out[f"layers.{i}.k_norm.weight"] = take(a + "k_norm.weight")
+            out[f"layers.{i}.input_layernorm.weight"] = take(p + "input_layernorm.weight")
+            out[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
+        return out
 
     out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
     if not cfg.tie_word_embeddings:
@@ -184,7 +203,21 @@ def load_transformer(
         else None
     tensors = load_prepared(cache_file)
     fresh = tensors is None
-    if fresh:
+    matrices = None
+    if precision in QUANTIZED_PRECISIONS:
+        # the linears run from the file's blocks: their dequantized fp32 copies in the
+        # checkpoint are never read (a linear's weight stays on the meta device and
+        # `dense_weight` dequantizes it where one is asked for)
+        blocks = blocks if blocks is not None else read_quantized(path)
+        matrices = model_matrices(cfg, blocks, int8_activations=precision == "q8x")
+        skip = set(blocks) - {"model.embed_tokens.weight"}
+        blocks = None
+        tensors = fuse_hf_state_dict(cfg, read_safetensors_dir(path, skip=skip), linears=False)
+        tensors = {k: v.to(device=device, dtype=_COMPUTE[precision]) for k, v in tensors.items()}
+    elif fresh:
+        from .gguf_convert import ensure_dense
+
+        ensure_dense(path)  # a user's GGUF was converted with its linears as blocks only
         tensors = fuse_hf_state_dict(cfg, read_safetensors_dir(path))
     panels = {k.removesuffix(PANELS): tensors.pop(k) for k in [k for k in tensors if k.endswith(PANELS)]}
     with skip_weight_init(), torch.device("meta"):
@@ -192,22 +225,20 @@ def load_transformer(
     model.load_state_dict(tensors, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    served = {f"{name}.weight" for name in matrices or ()}
+    missing = [n for n, p in model.named_parameters() if p.is_meta and n not in served]
     if missing:
         raise ModelLoadError(f"weights missing from {path}: {missing[:5]}")
     model._rope_len = 0
     model.rope_cos = torch.empty(0)
     model.rope_sin = torch.empty(0)
-    if fresh:  # a prepared file holds the final dtypes already (mixed, for bf16w and bf16x)
+    if fresh and matrices is None:  # a prepared file holds the final dtypes already (mixed, for bf16w and bf16x)
         model = model.to(device=device, dtype=_COMPUTE[precision])
     model.ensure_rope(max_len or min(cfg.max_position_embeddings, 4096))
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    if precision in QUANTIZED_PRECISIONS:
-        matrices = model_matrices(cfg, blocks if blocks is not None else read_quantized(path),
-                                  int8_activations=precision == "q8x")
-        blocks = None
+    if matrices is not None:
         use_quantized_weights(model, matrices)
         if log is not None and precision == "gguf":
             log(f"dtype gguf: the file's blocks as stored, fp32 compute ({describe(matrices)}); "

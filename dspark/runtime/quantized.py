@@ -8,10 +8,12 @@ each output is one fixed sequence of operations whatever else shares the step. S
 model served is the file's model, and speculative, batched and chunked decoding give
 bit for bit what plain decoding gives.
 
-- `write_quantized`: at conversion (`gguf_model.gguf_model_dir`), every linear's raw
-  blocks go to `quantized/blocks.safetensors` beside the dequantized checkpoint, under the
-  Hugging Face names, rows in the checkpoint's order (a Llama file's q and k rows are
-  permuted back as transformers does; checked row by row against the checkpoint);
+- at conversion (`gguf_model.gguf_model_dir`), every linear's raw blocks go to
+  `quantized/blocks.safetensors` under the Hugging Face names, rows in the checkpoint's
+  order (a Llama file's q and k rows are permuted back as transformers does):
+  `gguf_convert.write_checkpoint` for a user's file (checked against the `gguf` package's
+  dequantization), `write_quantized` beside the embedded model's fp32 checkpoint
+  (checked row by row against it);
 - `QuantMatrix`: one linear's blocks (one segment per source tensor: a fused q|k|v
   projection is three, possibly of three types) and the kernel's descriptor;
 - `use_quantized_weights`: switches a loaded model's linears to the kernel.

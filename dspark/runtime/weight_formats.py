@@ -124,9 +124,9 @@ class _F32PanelLinearForward(_NativeLinearForward):
 
 
 class _QuantLinearForward(_NativeLinearForward):
-    """The `gguf` precision's linear: the file's blocks read in place by the native
-    kernel (`quantized.gemm_quant`), each weight its exact dequantized fp32 value.
-    Autograd keeps the plain path over the module's (dequantized fp32) weight."""
+    """The `gguf` and `q8x` precisions' linear: the file's blocks read in place by the
+    native kernel (`quantized.gemm_quant`). Autograd keeps the plain path over the dense
+    weight (`dense_weight`: a target's is the blocks dequantized, made when first asked)."""
 
     def __init__(self, module: nn.Linear, packed: QuantMatrix) -> None:
         if (packed.out_features, packed.in_features) != (module.out_features, module.in_features):
@@ -134,12 +134,32 @@ class _QuantLinearForward(_NativeLinearForward):
                              f"[{module.out_features}, {module.in_features}]")
         self.module = module
         self.packed = packed
+        self._dense: torch.Tensor | None = None
+
+    def dense(self) -> torch.Tensor:
+        """The blocks' exact fp32 weight [N, K], made once."""
+        if self._dense is None:
+            self._dense = self.packed.dequantize()
+        return self._dense
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
         if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
-            return F.linear(x, m.weight.to(x.dtype), None if m.bias is None else m.bias.to(x.dtype))
+            return F.linear(x, dense_weight(m).to(x.dtype), None if m.bias is None else m.bias.to(x.dtype))
         return gemm_quant(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
+
+
+def dense_weight(linear: nn.Module) -> torch.Tensor:
+    """A linear's weight as a dense tensor: its own, or, for a linear served from a GGUF
+    file's blocks whose dense copy was never loaded (it stays on the meta device), the
+    blocks dequantized (each weight exactly the file's, in fp32)."""
+    w = linear.weight
+    if not w.is_meta:
+        return w
+    fwd = linear.__dict__.get("forward")
+    if isinstance(fwd, _QuantLinearForward):
+        return fwd.dense()
+    raise ValueError(f"a linear of [{linear.out_features}, {linear.in_features}] has no weight loaded")
 
 
 def use_quantized_weights(model: nn.Module, matrices: dict[str, QuantMatrix]) -> int:

@@ -21,15 +21,16 @@ import torch
 from dspark.drafters.dspark import DSparkDrafter
 from dspark.errors import UserError
 from dspark.runtime.model import Transformer
+from dspark.runtime.weight_formats import dense_weight
 
 INIT_CHOICES = ("random", "target")
 
 
 def _dense(linear) -> torch.Tensor:
-    w = getattr(linear, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.is_meta:
-        raise UserError("--init target needs the target's dense weights (load it in fp32 or bf16)")
-    return w.detach().float()
+    try:
+        return dense_weight(linear).detach().float()
+    except (AttributeError, ValueError):
+        raise UserError("--init target needs the target's dense weights (load it in fp32 or bf16)") from None
 
 
 @torch.no_grad()

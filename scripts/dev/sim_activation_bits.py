@@ -68,6 +68,9 @@ def main() -> int:
     if not args.model:
         ap.error("no converted Qwen2.5-Coder model: run scripts/fetch_qwen_coder.sh, then dspark generate --model it")
     torch.set_num_threads(args.threads)
+    from dspark.runtime.gguf_convert import ensure_dense
+
+    ensure_dense(Path(args.model))  # a converted GGUF's linears may be held as blocks only
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     mode: dict[str, float | None] = {}

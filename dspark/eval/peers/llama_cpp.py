@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
 
     from dspark.runtime.default_model import default_model_dir
+    from dspark.runtime.gguf_convert import ensure_dense
     from dspark.runtime.gguf_model import gguf_model_dir
 
     drafter = Path(args.drafter) if args.drafter else None
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         target_gguf = Path(args.target).expanduser()
         tdir = gguf_model_dir(target_gguf)  # the HF directory our engine reads it as
+        ensure_dense(tdir)  # llama.cpp's converter reads it as a whole checkpoint
     target, prompts = load_target_and_prompts(args.dtype, args.threads, args.num_prompts, args.target)
     common = ["-m", str(target_gguf), "-t", str(args.threads), "-c", "4096", "-np", "1", "--no-warmup"]
 
