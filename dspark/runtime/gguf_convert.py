@@ -66,6 +66,28 @@ def _dequantized(t) -> np.ndarray:
     return out if out.flags.writeable else out.copy()  # an F32 tensor: the file's mapping, read-only
 
 
+#: rows checked at a time (the check's memory: a few MB, not a tensor in fp32)
+_CHECK_ROWS = 4096
+
+
+def _check_blocks(file: str, t, qtype: str, raw: torch.Tensor, order: torch.Tensor | None) -> None:
+    """The kernel's values of `raw` (rows in the checkpoint's order) against the gguf
+    package's dequantization of the same tensor, bit for bit."""
+    from gguf.quants import dequantize
+
+    rows, k = raw.shape[0], int(t.shape[0])
+    data = np.asarray(t.data).reshape(rows, -1)
+    whole = None if order is None else torch.from_numpy(_dequantized(t))[order]
+    for r0 in range(0, rows, _CHECK_ROWS):
+        r1 = min(rows, r0 + _CHECK_ROWS)
+        want = whole[r0:r1] if whole is not None else torch.from_numpy(
+            np.array(dequantize(data[r0:r1], t.tensor_type), dtype=np.float32).reshape(r1 - r0, k))
+        got = QuantMatrix([(qtype, raw[r0:r1])], k).dequantize()
+        if not torch.equal(got.view(torch.int32), want.contiguous().view(torch.int32)):
+            raise QuantError(f"{file}: {t.name} dequantized here differs from the gguf package's "
+                             "dequantization of the same blocks; serve it with --dtype fp32")
+
+
 def write_checkpoint(gguf: Path, out: Path, cfg: dict) -> dict:
     """`out`'s model.safetensors and quantized/blocks.safetensors from `gguf` (config and
     tokenizer already in `out`); returns the note `quantized.QUANTIZED_NOTE` records."""
@@ -90,25 +112,19 @@ def write_checkpoint(gguf: Path, out: Path, cfg: dict) -> dict:
     dense: dict[str, torch.Tensor] = {}
     blocks: dict[str, torch.Tensor] = {}
     for t, name in named:
-        values = torch.from_numpy(_dequantized(t))
-        order = _row_order(t.name, values.shape[0], cfg)
-        if order is not None:
-            values = values[order]
+        shape = tuple(int(n) for n in reversed(t.shape))
+        order = _row_order(t.name, shape[0], cfg)
         if as_blocks and hf_name(t.name):
-            k = values.shape[1]
-            raw = torch.from_numpy(np.ascontiguousarray(np.asarray(t.data)).view(np.uint8)
-                                   .reshape(values.shape[0], -1).copy())
+            raw = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8).reshape(shape[0], -1))
             if order is not None:
                 raw = raw[order].contiguous()
-            got = QuantMatrix([(types[t.name], raw)], k).dequantize()
-            if not torch.equal(got.view(torch.int32), values.contiguous().view(torch.int32)):
-                raise QuantError(f"{gguf.name}: {t.name} dequantized here differs from the gguf package's "
-                                 "dequantization of the same blocks; serve it with --dtype fp32")
+            _check_blocks(gguf.name, t, types[t.name], raw, order)
             blocks[name] = raw
             note["types"][types[t.name]] = note["types"].get(types[t.name], 0) + 1
             if name != "model.embed_tokens.weight":
                 continue  # served from its blocks; `ensure_dense` adds it where asked
-        dense[name] = values.contiguous()
+        values = torch.from_numpy(_dequantized(t))
+        dense[name] = (values[order] if order is not None else values).contiguous()
     save_file(dense, str(out / "model.safetensors"), metadata={"format": "pt"})
     if blocks:
         (out / QUANTIZED_FILE).parent.mkdir(exist_ok=True)
