@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from dspark.runtime.weight_formats import dense_weight
+
 from .config import DrafterConfig, DrafterConfigError
 from .interop import _HEAD_KEYS, EAGLE3_ARCHITECTURES, SPECULATORS_ARCHITECTURES, import_weights
 
@@ -91,7 +93,7 @@ def _draft_head(cfg: DrafterConfig, weights: dict, parts) -> tuple[torch.Tensor,
     drafter the target's LM head with an identity mapping."""
     if cfg.reduced_vocab:
         return weights["lm_head.weight"], weights["d2t"], weights["t2d"]
-    head = parts.lm_head.weight.detach().to("cpu", _float_dtype(weights))
+    head = dense_weight(parts.lm_head).detach().to("cpu", _float_dtype(weights))
     return head, torch.zeros(cfg.vocab_size, dtype=torch.long), torch.ones(cfg.vocab_size, dtype=torch.bool)
 
 
@@ -189,7 +191,7 @@ def _to_speculators(cfg: DrafterConfig, weights: dict, parts, target) -> tuple[d
     out = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
     head, d2t, t2d = _draft_head(cfg, weights, parts)
     out["lm_head.weight"] = head
-    out["embed_tokens.weight"] = parts.embed_tokens.weight.detach().to("cpu", _float_dtype(weights))
+    out["embed_tokens.weight"] = dense_weight(parts.embed_tokens).detach().to("cpu", _float_dtype(weights))
     if cfg.reduced_vocab:
         out["d2t"], out["t2d"] = d2t, t2d
     if cfg.method == "eagle3":

@@ -207,10 +207,11 @@ def load_transformer(
     if precision in QUANTIZED_PRECISIONS:
         # the linears run from the file's blocks: their dequantized fp32 copies in the
         # checkpoint are never read (a linear's weight stays on the meta device and
-        # `dense_weight` dequantizes it where one is asked for)
+        # `dense_weight` dequantizes it where one is asked for); the embedding table is
+        # read from the checkpoint as a mapping, only its looked-up rows in memory
         blocks = blocks if blocks is not None else read_quantized(path)
-        matrices = model_matrices(cfg, blocks, int8_activations=precision == "q8x")
         skip = set(blocks) - {"model.embed_tokens.weight"}
+        matrices = model_matrices(cfg, blocks, int8_activations=precision == "q8x", consume=True)
         blocks = None
         tensors = fuse_hf_state_dict(cfg, read_safetensors_dir(path, skip=skip), linears=False)
         tensors = {k: v.to(device=device, dtype=_COMPUTE[precision]) for k, v in tensors.items()}

@@ -302,14 +302,15 @@ def ensure_quantized(gguf: Path, out_dir: Path) -> None:
     os.replace(tmp, note)
 
 
-def model_matrices(cfg, tensors: dict[str, tuple[str, torch.Tensor]], int8_activations: bool = False
-                   ) -> dict[str, QuantMatrix]:
+def model_matrices(cfg, tensors: dict[str, tuple[str, torch.Tensor]], int8_activations: bool = False,
+                   consume: bool = False) -> dict[str, QuantMatrix]:
     """The runtime's linears (fused q|k|v and gate|up) as QuantMatrix, by module name
-    (`int8_activations`: the q8x precision)."""
+    (`int8_activations`: the q8x precision). `consume`: each tensor leaves `tensors` once
+    repacked (the file's blocks and their repacking are never all in memory at once)."""
     def seg(name: str) -> tuple[str, torch.Tensor]:
         if name not in tensors:
             raise QuantError(f"{QUANTIZED_FILE} has no {name}")
-        return tensors[name]
+        return tensors.pop(name) if consume else tensors[name]
 
     def mat(segments, k):
         return QuantMatrix(segments, k, int8_activations)

@@ -149,17 +149,17 @@ class _QuantLinearForward(_NativeLinearForward):
         return gemm_quant(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
 
 
-def dense_weight(linear: nn.Module) -> torch.Tensor:
+def dense_weight(module: nn.Module) -> torch.Tensor:
     """A linear's weight as a dense tensor: its own, or, for a linear served from a GGUF
     file's blocks whose dense copy was never loaded (it stays on the meta device), the
     blocks dequantized (each weight exactly the file's, in fp32)."""
-    w = linear.weight
+    w = module.weight
     if not w.is_meta:
         return w
-    fwd = linear.__dict__.get("forward")
+    fwd = module.__dict__.get("forward")
     if isinstance(fwd, _QuantLinearForward):
         return fwd.dense()
-    raise ValueError(f"a linear of [{linear.out_features}, {linear.in_features}] has no weight loaded")
+    raise ValueError(f"a {type(module).__name__} of {list(w.shape)} has no weight loaded")
 
 
 def use_quantized_weights(model: nn.Module, matrices: dict[str, QuantMatrix]) -> int:
