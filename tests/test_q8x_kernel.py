@@ -10,7 +10,7 @@ import torch
 
 from dspark.runtime import cpu_kernels
 from dspark.runtime.quantized import BLOCKS, NOT_Q8X, QUANTIZED_TYPES, TYPES, QuantMatrix, gemm_quant
-from test_quant_kernels import gguf_dequantize, random_blocks
+from test_quant_kernels import gguf_dequantize, isa, random_blocks  # noqa: F401 (isa: a fixture)
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="native kernels unavailable")
 
@@ -51,7 +51,7 @@ def test_q8x_is_the_files_weights_times_int8_activations(qtype):
 
 
 @pytest.mark.parametrize("qtype", Q8X_TYPES)
-def test_q8x_equals_its_reference_whatever_shares_the_call(qtype):
+def test_q8x_equals_its_reference_whatever_shares_the_call(qtype, isa):
     k = 256 if BLOCKS[qtype][0] == 256 else 96
     w = QuantMatrix([(qtype, random_blocks(qtype, 37, k, seed=1 + TYPES[qtype]))], k, int8_activations=True)
     gen = torch.Generator().manual_seed(TYPES[qtype])
@@ -72,7 +72,7 @@ def test_q8x_equals_its_reference_whatever_shares_the_call(qtype):
         torch.set_num_threads(before)
 
 
-def test_q8x_segments_of_several_types_and_a_float_one():
+def test_q8x_segments_of_several_types_and_a_float_one(isa):
     k = 512
     parts = [("Q4_K", random_blocks("Q4_K", 24, k, 1)), ("Q6_K", random_blocks("Q6_K", 8, k, 2)),
              ("F16", random_blocks("F16", 5, k, 4)), ("Q8_0", random_blocks("Q8_0", 13, k, 3))]
@@ -84,6 +84,12 @@ def test_q8x_segments_of_several_types_and_a_float_one():
     assert got.shape == (5, 50) and torch.equal(got, torch.cat(alone, dim=1))
     # a float segment computes as in the gguf precision (fp32 activations)
     assert torch.equal(alone[2], gemm_quant(x, QuantMatrix([parts[2]], k)))
+
+
+def test_q8x_runs_vnni_where_the_cpu_has_it(isa):
+    from dspark.runtime import cpu_matmul
+    vnni = {"avx512_vnni", "avx512vl", "avx512bw"} <= cpu_kernels.cpu_flags()
+    assert cpu_matmul.q8x_form() == ("avx512-vnni" if isa == "avx512" and vnni else "avx2")
 
 
 @pytest.mark.parametrize("qtype", Q8X_TYPES)

@@ -45,7 +45,7 @@ from .machine import cpu_flags  # noqa: F401
 
 _SOURCES = [Path(__file__).with_name("kernels") / name for name in (
     "gemm_bf16w.c", "gemm_f32w.c", "gemm_bf16dot.c", "attention_f32.c", "elementwise_f32.c", "decoder_f32.c",
-    "select_f32.c", "gemm_quant.c", "gemm_q8x.c", "q8x_panels.c", "quant_repack.c")]
+    "select_f32.c", "gemm_quant.c", "gemm_q8x.c", "gemm_q8x_vnni.c", "q8x_panels.c", "quant_repack.c")]
 # -ffp-contract=off: only the FMAs written out as intrinsics are fused.
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
@@ -110,6 +110,7 @@ def load() -> ctypes.CDLL | None:
     lib.dspark_gemm_bf16w_set_isa.argtypes = [ctypes.c_int]
     lib.dspark_gemm_bf16w_set_isa.restype = ctypes.c_int
     lib.dspark_gemm_bf16w_isa.restype = ctypes.c_int
+    lib.dspark_q8x_vnni_available.restype = ctypes.c_int
     if os.environ.get("DSPARK_GEMM_ISA", "").lower() == "avx2":
         lib.dspark_gemm_bf16w_set_isa(256)
     fn = lib.dspark_attention_f32

@@ -27,9 +27,18 @@ def gemm_isa() -> str | None:
     return None if lib is None else ("avx512" if lib.dspark_gemm_bf16w_isa() == 512 else "avx2")
 
 
+def q8x_form() -> str | None:
+    """The q8x matmul's integer products: "avx512-vnni" (vpdpbusd, where the CPU has it and
+    the "avx512" variant is in use) or "avx2"; both give the same bits."""
+    lib = load()
+    if lib is None:
+        return None
+    return "avx512-vnni" if lib.dspark_gemm_bf16w_isa() == 512 and lib.dspark_q8x_vnni_available() else "avx2"
+
+
 def set_gemm_isa(isa: str) -> str:
-    """Use the "avx2" or the "avx512" variant of the bf16w and f32w matmuls (both give the same
-    bits; "avx512" falls back to "avx2" on CPUs without it); returns the one in use.
+    """Use the "avx2" or the "avx512" variant of the bf16w, f32w and quantized matmuls (each
+    gives the same bits in both; "avx512" falls back to "avx2" on CPUs without it); returns the one in use.
     `DSPARK_GEMM_ISA=avx2` does the same at load."""
     lib = load()
     if lib is None:

@@ -18,8 +18,8 @@
  *   over weights 0-15, P1 over 16-31); acc = fma((float) P, D * dx, acc) (Q6_K: with P0
  *   and D0, then P1 and D1); off = fma(M, sx, off) where the type has a min;
  *   then (acc + off), + bias[n] where there is one.
- * The integer sums are exact in every order, so the AVX2 code and the scalar reference
- * (`dspark_gemm_q8x_ref`) give the same bits (tests/test_q8x_kernel.py), and a token's
+ * The integer sums are exact in every order, so the AVX2 code, the AVX512-VNNI code
+ * (gemm_q8x_vnni.c) and the scalar reference (`dspark_gemm_q8x_ref`) give the same bits (tests/test_q8x_kernel.py), and a token's
  * logits do not depend on what shares its step: speculative decoding in q8x gives
  * exactly q8x's plain decoding.
  *
@@ -54,80 +54,8 @@
 
 #include "kernels.h"
 #include "q8x_panels.h"
-#include "q8x_tiles.h"
+#include "q8x_groups.h"
 
-/* Rows a panel_rows call takes at most (its accumulators: 2 KB of L1), and the fewest rows
- * that go to it rather than to panel_tile. */
-#define ROWS_CHUNK 32
-#define ROWS_MIN 9
-
-#define PANEL_TYPES(mr, ng)                                                                             \
-    switch (type) {                                                                                    \
-        case R_Q4_0: panel_tile(R_Q4_0, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
-        case R_Q4_1: panel_tile(R_Q4_1, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
-        case R_Q5_0: panel_tile(R_Q5_0, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
-        case R_Q5_1: panel_tile(R_Q5_1, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
-        case R_Q8_0: panel_tile(R_Q8_0, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
-        case R_Q4_K: panel_tile(R_Q4_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
-        case R_Q5_K: panel_tile(R_Q5_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;             \
-        case R_IQ4_XS: panel_tile(R_IQ4_XS, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;         \
-        case R_IQ4_NL: panel_tile(R_IQ4_NL, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;         \
-        default: panel_tile(R_Q6_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;                 \
-    }
-
-#define ROWS_TYPES                                                                                      \
-    switch (type) {                                                                                    \
-        case R_Q4_0: panel_rows(R_Q4_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q4_1: panel_rows(R_Q4_1, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q5_0: panel_rows(R_Q5_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q5_1: panel_rows(R_Q5_1, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q8_0: panel_rows(R_Q8_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q4_K: panel_rows(R_Q4_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q5_K: panel_rows(R_Q5_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_IQ4_XS: panel_rows(R_IQ4_XS, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;            \
-        case R_IQ4_NL: panel_rows(R_IQ4_NL, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;            \
-        default: panel_rows(R_Q6_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                    \
-    }
-
-/* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four groups
- * at a time; up to ROWS_MIN - 1 rows one group at a time, every row against it in tiles of
- * up to four (panel_tile: the group's weights stay in L1 while the rows stream); more rows
- * one group at a time in chunks of ROWS_CHUNK (panel_rows). */
-static void panel_groups(int type, const int8_t *q, const float *dx, const float *sx, const int32_t *S, int64_t M,
-                         int64_t K, const uint8_t *data, int64_t gb, int64_t rows, int64_t g0, int64_t g1, float *y,
-                         int64_t ldy, const float *bias) {
-    const int64_t nq = K / 32;
-    __m256 out[ROWS_CHUNK], off[ROWS_CHUNK];
-    for (int64_t gi = g0; gi < g1;) {
-        const int ng = M == 1 && g1 - gi >= 4 ? 4 : 1;
-        const uint8_t *grp = data + gi * gb;
-        const int64_t col = 8 * gi, ncols = rows - col < 8 * ng ? rows - col : 8 * ng;
-        for (int64_t m = 0; m < M;) {
-            const int chunk = M >= ROWS_MIN ? ROWS_CHUNK : 4;
-            const int mr = M - m >= chunk ? chunk : (int)(M - m);
-            const int8_t *qm = q + m * K;
-            const float *dxm = dx + m * nq, *sxm = sx + m * nq;
-            const int32_t *Sm = S + m * nq * 2;
-            if (M >= ROWS_MIN) {
-                ROWS_TYPES
-            } else if (ng == 4) {
-                PANEL_TYPES(1, 4)
-            } else {
-                switch (mr) {
-                    case 4: PANEL_TYPES(4, 1) break;
-                    case 3: PANEL_TYPES(3, 1) break;
-                    case 2: PANEL_TYPES(2, 1) break;
-                    default: PANEL_TYPES(1, 1) break;
-                }
-            }
-            store_tile(out, mr, ng, y + m * ldy + col, ldy, ncols, bias ? bias + col : 0);
-            m += mr;
-        }
-        gi += ng;
-    }
-}
-#undef ROWS_TYPES
-#undef PANEL_TYPES
 
 /* A buffer of at least n bytes, kept and grown between calls. */
 static void *grow(void **buf, int64_t *cap, int64_t n) {
@@ -180,6 +108,9 @@ void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, flo
     if (G == 0) return;
     if (threads < 1) threads = 1;
     if (threads > G) threads = (int)G;
+    static int has_vnni = -1;
+    if (has_vnni < 0) has_vnni = dspark_q8x_vnni_available();
+    const int vnni = has_vnni && dspark_gemm_bf16w_isa() == 512;
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
@@ -195,7 +126,10 @@ void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, flo
             const int64_t rows = g[1], ng = (rows + 7) / 8;
             const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
             const int64_t lo = t0 > gbase ? t0 - gbase : 0, hi = t1 < gbase + ng ? t1 - gbase : ng;
-            if (hi > lo && panel_type((int)g[0]))
+            if (hi > lo && panel_type((int)g[0]) && vnni)
+                dspark_q8x_groups_vnni(panel_type((int)g[0]), a.q, a.dx, a.sx, a.S, M, K, data, g[2], rows, lo, hi,
+                                       y + base, N, bias ? bias + base : 0);
+            else if (hi > lo && panel_type((int)g[0]))
                 panel_groups(panel_type((int)g[0]), a.q, a.dx, a.sx, a.S, M, K, data, g[2], rows, lo, hi, y + base,
                              N, bias ? bias + base : 0);
             else if (hi > lo) {

@@ -33,6 +33,11 @@ void dspark_quant_ref_cols(int type, const uint8_t *data, int64_t rb, int64_t c,
                            int64_t M, int64_t K, float *y, int64_t ldy, const float *bias, float *w);
 void dspark_q8x_pack(int type, const uint8_t *src, int64_t rb, int64_t rows, int64_t K, uint8_t *dst);
 void dspark_q8x_dequant(int type, const uint8_t *panel, int64_t rows, int64_t K, float *out);
+/* gemm_q8x_vnni.c: the panel groups with vpdpbusd (the same bits). */
+int dspark_q8x_vnni_available(void);
+void dspark_q8x_groups_vnni(int type, const int8_t *q, const float *dx, const float *sx, const int32_t *S, int64_t M,
+                            int64_t K, const uint8_t *data, int64_t gb, int64_t rows, int64_t g0, int64_t g1, float *y,
+                            int64_t ldy, const float *bias);
 void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,
                          int64_t K);
 void dspark_gemm_quant(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N,

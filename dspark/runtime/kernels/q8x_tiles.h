@@ -10,6 +10,14 @@
 
 #include "q8x_panels.h"
 
+/* 1 in gemm_q8x_vnni.c: each group of four products of a row summed by one vpdpbusd
+ * (unsigned weight bytes times signed activations, into 32 bits), which also takes the
+ * signed Q8_0 and IQ4 values as w8 + 128 with 128 S subtracted after. The integer sums are
+ * the AVX2 code's (exact either way), so every output has the same bits. */
+#ifndef Q8X_VNNI
+#define Q8X_VNNI 0
+#endif
+
 #define BCAST4(p) _mm256_set1_epi32(*(const int32_t *)(p))
 
 /* x shifted left by s bits (right by -s) in each 16-bit lane; s a constant in -3 .. 4. */
@@ -39,19 +47,69 @@ static inline __attribute__((always_inline)) __m256i iq4_values(__m256i idx) {
     return _mm256_shuffle_epi8(table, idx);
 }
 
+/* A register of signed weights (Q8_0, IQ4 values) as the unsigned bytes vpdpbusd takes. */
+static inline __attribute__((always_inline)) __m256i biased(__m256i w) {
+    return _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+}
+
+#if Q8X_VNNI
+#define DOT4(P, w, x) _mm256_dpbusd_epi32(P, w, x)
+/* P[i] (P0[i]: Q6_K's first half) of MR rows over one unit, vpdpbusd. */
+static inline __attribute__((always_inline)) void unit_sums_vnni(xtype t, const int8_t *q, int64_t K, int64_t u,
+                                                                 const uint8_t *qb, __m256i *P0, __m256i *P,
+                                                                 int MR) {
+    if (t.four) {
+        const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            __m256i lo, hi;
+            nibbles(t, qb, plane, h, &lo, &hi);
+            if (t.lut) {
+                lo = biased(iq4_values(lo));
+                hi = biased(iq4_values(hi));
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) {
+                const int8_t *qu = q + i * K + 32 * u;
+                P[i] = DOT4(P[i], lo, BCAST4(qu + 4 * h));
+                P[i] = DOT4(P[i], hi, BCAST4(qu + 16 + 4 * h));
+            }
+        }
+        return;
+    }
+#pragma GCC unroll 8
+    for (int gq = 0; gq < 8; gq++) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * gq));
+        if (t.sgn) w = biased(w);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) P[i] = DOT4(P[i], w, BCAST4(q + i * K + 32 * u + 4 * gq));
+        if (t.nd == 2 && gq == 3) {
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) {
+                P0[i] = P[i];
+                P[i] = _mm256_setzero_si256();
+            }
+        }
+    }
+}
+#else
+#define DOT4(P, w, x) (P)  /* not reached: the AVX2 build takes its own branches */
+#endif
+
 /* One row's unit added to its sums, the contract's step: acc += (P - o S) D dx (Q6_K: its
  * halves P0 with D0 and P with D1), off += M sx where the type has a min. */
 static inline __attribute__((always_inline)) void unit_terms(xtype t, __m256i P0, __m256i P, __m256 D0, __m256 D1,
                                                              __m256 Mv, float dx, float sx, const int32_t *Su,
                                                              __m256 *acc, __m256 *off) {
+    const int o = Q8X_VNNI && t.sgn ? 128 : t.o;  /* VNNI's signed weights come as w8 + 128 */
     const __m256 e = _mm256_set1_ps(dx);
     if (t.nd == 2) {
-        const __m256i p0 = _mm256_sub_epi32(P0, _mm256_set1_epi32(t.o * Su[0]));
-        const __m256i p1 = _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * Su[1]));
+        const __m256i p0 = _mm256_sub_epi32(P0, _mm256_set1_epi32(o * Su[0]));
+        const __m256i p1 = _mm256_sub_epi32(P, _mm256_set1_epi32(o * Su[1]));
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(D0, e), *acc);
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(D1, e), *acc);
     } else {
-        const __m256i p = t.o ? _mm256_sub_epi32(P, _mm256_set1_epi32(t.o * (Su[0] + Su[1]))) : P;
+        const __m256i p = o ? _mm256_sub_epi32(P, _mm256_set1_epi32(o * (Su[0] + Su[1]))) : P;
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(D0, e), *acc);
     }
     if (t.nm) *off = _mm256_fmadd_ps(Mv, _mm256_set1_ps(sx), *off);
@@ -76,7 +134,11 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
             __m256i P[4], P0[4];
 #pragma GCC unroll 4
             for (int i = 0; i < MR; i++) P[i] = P0[i] = _mm256_setzero_si256();
-            if (t.four) {
+            if (Q8X_VNNI) {
+#if Q8X_VNNI
+                unit_sums_vnni(t, q, K, u, qb, P0, P, MR);
+#endif
+            } else if (t.four) {
                 __m256i a[4];
                 const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : ones;
 #pragma GCC unroll 4
@@ -188,6 +250,10 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
                     const __m256i v = iq4_values(wv[j]);
+                    if (Q8X_VNNI) {
+                        wv[j] = biased(v);
+                        continue;
+                    }
                     _mm256_store_si256((__m256i *)(values + 32 * j), v);
                     wv[j] = _mm256_sign_epi8(v, v);
                 }
@@ -197,13 +263,26 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * j));
-                wv[j] = t.sgn ? _mm256_sign_epi8(w, w) : w;
+                wv[j] = !t.sgn ? w : Q8X_VNNI ? biased(w) : _mm256_sign_epi8(w, w);
             }
         }
         const __m256 D0 = unit_scales8(t, unit, 0);
         const __m256 D1 = t.nd == 2 ? unit_scales8(t, unit, 1) : D0;
         const __m256 Mv = t.nm ? unit_scales8(t, unit, t.nd) : D0;
-        for (int i = 0; i < M; i++) {
+        for (int i = 0; i < M && Q8X_VNNI; i++) {
+            const int8_t *qu = q + i * K + 32 * u;
+            __m256i P = _mm256_setzero_si256(), P0 = P;
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                P = DOT4(P, wv[j], BCAST4(qu + 4 * j));
+                if (t.nd == 2 && j == 3) {
+                    P0 = P;
+                    P = _mm256_setzero_si256();
+                }
+            }
+            unit_terms(t, P0, P, D0, D1, Mv, dx[i * nq + u], sx[i * nq + u], S + (i * nq + u) * 2, &acc[i], &off[i]);
+        }
+        for (int i = 0; i < M && !Q8X_VNNI; i++) {
             const int8_t *qu = q + i * K + 32 * u;
             __m256i a = _mm256_setzero_si256(), P = _mm256_setzero_si256(), P0 = P;
 #pragma GCC unroll 8
