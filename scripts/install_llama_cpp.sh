@@ -62,5 +62,5 @@ cmake -B build -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
     -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
     -DGGML_BMI2="$(has bmi2)" -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_BF16="$(has avx512_bf16)" \
     -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_VBMI="$(has avx512vbmi)"
-cmake --build build --target llama-server -j"${LLAMA_CPP_JOBS:-2}"
+cmake --build build --target llama-server llama-quantize -j"${LLAMA_CPP_JOBS:-2}"
 echo "built $DEST/build/bin/llama-server"
