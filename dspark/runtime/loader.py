@@ -246,8 +246,10 @@ def load_transformer(
                 "--dtype q8x (int8 activations, as llama.cpp), bf16x or bf16w trade exactness to the file's "
                 "model for speed (docs/how-it-works.md)")
         elif log is not None:
-            log(f"dtype q8x: the file's blocks as stored, activations quantized to int8 per 32 "
-                f"({describe(matrices)}); batch-invariant: speculation gives exactly q8x's plain output")
+            from .cpu_matmul import q8x_form
+            log(f"dtype q8x: the file's blocks as stored, activations quantized to int8 per 32, integer "
+                f"products in {q8x_form() or 'avx2'} ({describe(matrices)}); batch-invariant: speculation "
+                "gives exactly q8x's plain output")
     elif precision in ("bf16w", "bf16x"):
         use_bf16_weights(model, panels, kind=precision)
     elif f32_panels:
