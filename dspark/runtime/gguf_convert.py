@@ -70,14 +70,14 @@ def _dequantized(t) -> np.ndarray:
 _CHECK_ROWS = 4096
 
 
-def _check_blocks(file: str, t, qtype: str, raw: torch.Tensor, order: torch.Tensor | None) -> None:
+def _check_blocks(file: str, t, qtype: str, raw: torch.Tensor, whole: torch.Tensor | None) -> None:
     """The kernel's values of `raw` (rows in the checkpoint's order) against the gguf
-    package's dequantization of the same tensor, bit for bit."""
+    package's dequantization of the same tensor, bit for bit: `whole` where the caller has
+    it (in the checkpoint's order), else a few thousand rows at a time."""
     from gguf.quants import dequantize
 
     rows, k = raw.shape[0], int(t.shape[0])
     data = np.asarray(t.data).reshape(rows, -1)
-    whole = None if order is None else torch.from_numpy(_dequantized(t))[order]
     for r0 in range(0, rows, _CHECK_ROWS):
         r1 = min(rows, r0 + _CHECK_ROWS)
         want = whole[r0:r1] if whole is not None else torch.from_numpy(
@@ -114,17 +114,23 @@ def write_checkpoint(gguf: Path, out: Path, cfg: dict) -> dict:
     for t, name in named:
         shape = tuple(int(n) for n in reversed(t.shape))
         order = _row_order(t.name, shape[0], cfg)
-        if as_blocks and hf_name(t.name):
+        as_stored = as_blocks and hf_name(t.name) is not None
+        # fp32 values: every tensor kept dense (the embedding too, beside its blocks), and a
+        # Llama q/k whose rows are reordered (checked whole); the other linears never
+        keep = not as_stored or name == "model.embed_tokens.weight"
+        values = None
+        if keep or order is not None:
+            values = torch.from_numpy(_dequantized(t))
+            values = (values[order] if order is not None else values).contiguous()
+        if as_stored:
             raw = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8).reshape(shape[0], -1))
             if order is not None:
                 raw = raw[order].contiguous()
-            _check_blocks(gguf.name, t, types[t.name], raw, order)
+            _check_blocks(gguf.name, t, types[t.name], raw, values)
             blocks[name] = raw
             note["types"][types[t.name]] = note["types"].get(types[t.name], 0) + 1
-            if name != "model.embed_tokens.weight":
-                continue  # served from its blocks; `ensure_dense` adds it where asked
-        values = torch.from_numpy(_dequantized(t))
-        dense[name] = (values[order] if order is not None else values).contiguous()
+        if keep:  # the others are served from their blocks; `ensure_dense` adds them where asked
+            dense[name] = values
     save_file(dense, str(out / "model.safetensors"), metadata={"format": "pt"})
     if blocks:
         (out / QUANTIZED_FILE).parent.mkdir(exist_ok=True)

@@ -106,41 +106,28 @@ def fuse_hf_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor], linears: b
                 return sd[key]
         raise ModelLoadError(f"weight {name!r} missing from the checkpoint")
 
-    if not linears:
-        out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            if cfg.qkv_bias:
-                out[f"layers.{i}.qkv_proj.bias"] = torch.cat(
-                    [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")])
-            if cfg.qk_norm:
-                out[f"layers.{i}.q_norm.weight"] = take(a + "q_norm.weight")
-                out[f"layers.{i}.k_norm.weight"] = take(a + "k_norm.weight")
-            out[f"layers.{i}.input_layernorm.weight"] = take(p + "input_layernorm.weight")
-            out[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
-        return out
-
     out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
-    if not cfg.tie_word_embeddings:
+    if linears and not cfg.tie_word_embeddings:
         out["lm_head.weight"] = sd.get("lm_head.weight", out["embed_tokens.weight"])
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        out[f"layers.{i}.qkv_proj.weight"] = torch.cat(
-            [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
-        )
+        m = p + "mlp."
+        if linears:
+            out[f"layers.{i}.qkv_proj.weight"] = torch.cat(
+                [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
+            )
+            out[f"layers.{i}.o_proj.weight"] = take(a + "o_proj.weight")
+            out[f"layers.{i}.gate_up_proj.weight"] = torch.cat(
+                [take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+            out[f"layers.{i}.down_proj.weight"] = take(m + "down_proj.weight")
         if cfg.qkv_bias:
             out[f"layers.{i}.qkv_proj.bias"] = torch.cat(
                 [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]
             )
-        out[f"layers.{i}.o_proj.weight"] = take(a + "o_proj.weight")
         if cfg.qk_norm:
             out[f"layers.{i}.q_norm.weight"] = take(a + "q_norm.weight")
             out[f"layers.{i}.k_norm.weight"] = take(a + "k_norm.weight")
-        m = p + "mlp."
-        out[f"layers.{i}.gate_up_proj.weight"] = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
-        out[f"layers.{i}.down_proj.weight"] = take(m + "down_proj.weight")
         out[f"layers.{i}.input_layernorm.weight"] = take(p + "input_layernorm.weight")
         out[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
     return out

@@ -137,15 +137,19 @@ class _QuantLinearForward(_NativeLinearForward):
         self._dense: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
-        """The blocks' exact fp32 weight [N, K], made once."""
-        if self._dense is None:
-            self._dense = self.packed.dequantize()
-        return self._dense
+        """The blocks' exact fp32 weight [N, K] (kept once the grad path has made it; a
+        one-off caller, e.g. export, gets a copy that leaves with it)."""
+        return self._dense if self._dense is not None else self.packed.dequantize()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
         if torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad):
-            return F.linear(x, dense_weight(m).to(x.dtype), None if m.bias is None else m.bias.to(x.dtype))
+            w = m.weight
+            if w.is_meta:  # served from the blocks: their dense weight, made once for every later step
+                if self._dense is None:
+                    self._dense = self.packed.dequantize()
+                w = self._dense
+            return F.linear(x, w.to(x.dtype), None if m.bias is None else m.bias.to(x.dtype))
         return gemm_quant(x, self.packed, None if m.bias is None else m.bias.detach()).to(x.dtype)
 
 
