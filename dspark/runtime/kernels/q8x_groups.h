@@ -9,10 +9,13 @@
 
 #include "q8x_tiles.h"
 
-/* Rows a panel_rows call takes at most (its accumulators: 2 KB of L1), and the fewest rows
- * that go to it rather than to panel_tile. */
+/* Rows a panel_rows call takes at most (its accumulators: 2 KB of L1, 4 KB for the VNNI
+ * form's two groups), and the fewest rows that go to it rather than to panel_tile (AVX2: 9,
+ * VNNI: 5; measured, docs/journal.md). */
 #define ROWS_CHUNK 32
 #define ROWS_MIN 9
+#define ROWS_MIN_VNNI 5
+#define ROWS_FROM (Q8X_VNNI ? ROWS_MIN_VNNI : ROWS_MIN)
 
 #define PANEL_TYPES(mr, ng)                                                                             \
     switch (type) {                                                                                    \
@@ -28,40 +31,45 @@
         default: panel_tile(R_Q6_K, qm, dxm, sxm, Sm, K, grp, gb, out, mr, ng); break;                 \
     }
 
+#if Q8X_VNNI
+#define ROWS_CALL(T) panel_rows_vnni(T, qm, dxm, sxm, Sm, K, grp, gb, mr, ng, out, off)
+#else
+#define ROWS_CALL(T) panel_rows(T, qm, dxm, sxm, Sm, K, grp, mr, out, off)
+#endif
 #define ROWS_TYPES                                                                                      \
     switch (type) {                                                                                    \
-        case R_Q4_0: panel_rows(R_Q4_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q4_1: panel_rows(R_Q4_1, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q5_0: panel_rows(R_Q5_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q5_1: panel_rows(R_Q5_1, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q8_0: panel_rows(R_Q8_0, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q4_K: panel_rows(R_Q4_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_Q5_K: panel_rows(R_Q5_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                \
-        case R_IQ4_XS: panel_rows(R_IQ4_XS, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;            \
-        case R_IQ4_NL: panel_rows(R_IQ4_NL, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;            \
-        default: panel_rows(R_Q6_K, qm, dxm, sxm, Sm, K, grp, mr, out, off); break;                    \
+        case R_Q4_0: ROWS_CALL(R_Q4_0); break;                \
+        case R_Q4_1: ROWS_CALL(R_Q4_1); break;                \
+        case R_Q5_0: ROWS_CALL(R_Q5_0); break;                \
+        case R_Q5_1: ROWS_CALL(R_Q5_1); break;                \
+        case R_Q8_0: ROWS_CALL(R_Q8_0); break;                \
+        case R_Q4_K: ROWS_CALL(R_Q4_K); break;                \
+        case R_Q5_K: ROWS_CALL(R_Q5_K); break;                \
+        case R_IQ4_XS: ROWS_CALL(R_IQ4_XS); break;            \
+        case R_IQ4_NL: ROWS_CALL(R_IQ4_NL); break;            \
+        default: ROWS_CALL(R_Q6_K); break;                                                             \
     }
 
 /* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four groups
- * at a time; up to ROWS_MIN - 1 rows one group at a time, every row against it in tiles of
+ * at a time; up to ROWS_FROM - 1 rows one group at a time, every row against it in tiles of
  * up to four (panel_tile: the group's weights stay in L1 while the rows stream); more rows
- * one group at a time in chunks of ROWS_CHUNK (panel_rows). */
+ * in chunks of ROWS_CHUNK, one group at a time (panel_rows) or two (panel_rows_vnni). */
 static inline void panel_groups(int type, const int8_t *q, const float *dx, const float *sx, const int32_t *S, int64_t M,
                          int64_t K, const uint8_t *data, int64_t gb, int64_t rows, int64_t g0, int64_t g1, float *y,
                          int64_t ldy, const float *bias) {
     const int64_t nq = K / 32;
-    __m256 out[ROWS_CHUNK], off[ROWS_CHUNK];
+    __m256 out[2 * ROWS_CHUNK], off[2 * ROWS_CHUNK];
     for (int64_t gi = g0; gi < g1;) {
-        const int ng = M == 1 && g1 - gi >= 4 ? 4 : 1;
+        const int ng = M == 1 && g1 - gi >= 4 ? 4 : Q8X_VNNI && M >= ROWS_FROM && g1 - gi >= 2 ? 2 : 1;
         const uint8_t *grp = data + gi * gb;
         const int64_t col = 8 * gi, ncols = rows - col < 8 * ng ? rows - col : 8 * ng;
         for (int64_t m = 0; m < M;) {
-            const int chunk = M >= ROWS_MIN ? ROWS_CHUNK : 4;
+            const int chunk = M >= ROWS_FROM ? ROWS_CHUNK : 4;
             const int mr = M - m >= chunk ? chunk : (int)(M - m);
             const int8_t *qm = q + m * K;
             const float *dxm = dx + m * nq, *sxm = sx + m * nq;
             const int32_t *Sm = S + m * nq * 2;
-            if (M >= ROWS_MIN) {
+            if (M >= ROWS_FROM) {
                 ROWS_TYPES
             } else if (ng == 4) {
                 PANEL_TYPES(1, 4)
@@ -80,6 +88,7 @@ static inline void panel_groups(int type, const int8_t *q, const float *dx, cons
     }
 }
 #undef ROWS_TYPES
+#undef ROWS_CALL
 #undef PANEL_TYPES
 
 #endif

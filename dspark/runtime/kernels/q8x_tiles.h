@@ -1,8 +1,8 @@
 /* The q8x matmul's register tiles (gemm_q8x.c describes the arithmetic and the layout):
  * panel_tile, MR (<= 4) rows against NG (<= 4) groups of 8 columns with every accumulator in
- * a register, for one row and for the few rows of a verification step; panel_rows, one group
- * against many rows, for batched decoding and prefill. Both give every output the one
- * sequence of the contract. */
+ * a register, for one row and for the few rows of a verification step; panel_rows (AVX2: one
+ * group) and panel_rows_vnni (two groups), against many rows, for batched decoding and
+ * prefill. All give every output the one sequence of the contract. */
 #ifndef DSPARK_Q8X_TILES_H
 #define DSPARK_Q8X_TILES_H
 #include <immintrin.h>
@@ -223,13 +223,80 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
         for (int g = 0; g < NG; g++) out[i * NG + g] = t.nm ? _mm256_add_ps(acc[i][g], off[i][g]) : acc[i][g];
 }
 
+#if Q8X_VNNI
+/* panel_rows for NG (1 or 2) adjacent groups at once, AVX512-VNNI only (its 32 vector
+ * registers hold both groups' unpacked weights): a row's activations are broadcast once for
+ * both, and each group's products are summed in four independent chains (integer sums:
+ * exact in any order). acc, off: [M][NG]. The same sequence per output as panel_tile.
+ * Against one group a call (products, 2 threads, AVX512-VNNI EPYC): 1.13-1.29x faster
+ * from 12 to 256 rows for Q8_0, Q5_0, Q6_K, 1.01-1.07x for Q4_K; level at 2-4 rows, where
+ * panel_tile stays (ROWS_MIN_VNNI). */
+static inline __attribute__((always_inline)) void panel_rows_vnni(int type, const int8_t *q, const float *dx,
+                                                                  const float *sx, const int32_t *S, int64_t K,
+                                                                  const uint8_t *grp, int64_t gb, int M, int NG,
+                                                                  __m256 *acc, __m256 *off) {
+    const xtype t = xinfo(type);
+    const int64_t nq = K / 32, ub = unit_bytes(t);
+    for (int i = 0; i < M * NG; i++) acc[i] = off[i] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < nq; u++) {
+        __m256i wv[2][8];
+        __m256 D0[2], D1[2], Mv[2];
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            const uint8_t *unit = grp + g * gb + u * ub, *qb = unit_quants(t, unit);
+            if (t.four) {
+                const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int h = 0; h < 4; h++) nibbles(t, qb, plane, h, &wv[g][h], &wv[g][4 + h]);
+                if (t.lut)
+#pragma GCC unroll 8
+                    for (int j = 0; j < 8; j++) wv[g][j] = biased(iq4_values(wv[g][j]));
+            } else {
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * j));
+                    wv[g][j] = t.sgn ? biased(w) : w;
+                }
+            }
+            D0[g] = unit_scales8(t, unit, 0);
+            D1[g] = t.nd == 2 ? unit_scales8(t, unit, 1) : D0[g];
+            Mv[g] = t.nm ? unit_scales8(t, unit, t.nd) : D0[g];
+        }
+        for (int i = 0; i < M; i++) {
+            const int8_t *qu = q + i * K + 32 * u;
+            __m256i c[2][4];
+#pragma GCC unroll 2
+            for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) c[g][j] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m256i xb = BCAST4(qu + 4 * j);
+#pragma GCC unroll 2
+                for (int g = 0; g < NG; g++)
+                    c[g][(j >> 2) * 2 + (j & 1)] = DOT4(c[g][(j >> 2) * 2 + (j & 1)], wv[g][j], xb);
+            }
+#pragma GCC unroll 2
+            for (int g = 0; g < NG; g++) {
+                const __m256i P0 = _mm256_add_epi32(c[g][0], c[g][1]), P1 = _mm256_add_epi32(c[g][2], c[g][3]);
+                unit_terms(t, P0, t.nd == 2 ? P1 : _mm256_add_epi32(P0, P1), D0[g], D1[g], Mv[g], dx[i * nq + u],
+                           sx[i * nq + u], S + (i * nq + u) * 2, &acc[i * NG + g], &off[i * NG + g]);
+            }
+        }
+    }
+    if (t.nm)
+        for (int i = 0; i < M * NG; i++) acc[i] = _mm256_add_ps(acc[i], off[i]);
+}
+#endif
+
 /* Rows [0, M) of x against one group of 8 columns, for many rows: unit by unit, the
  * group's quants are unpacked once into eight registers of unsigned bytes (weights 4j ..
  * 4j + 3 of the 8 columns in register j), then every row in turn sums its products and
  * adds its unit's terms to acc[i] and off[i] (in memory: M of each). The same sequence per
  * output as panel_tile, so the same bits; it does not redo the unpacking for every four
  * rows nor spill a tile's sixteen accumulators (0.8x panel_tile's time at 128 rows, 0.94x
- * at 16; no gain at 8 and below: docs/journal.md). */
+ * at 16; no gain at 8 and below: docs/journal.md). The AVX2 form (the VNNI build takes
+ * panel_rows_vnni). */
 static inline __attribute__((always_inline)) void panel_rows(int type, const int8_t *q, const float *dx,
                                                              const float *sx, const int32_t *S, int64_t K,
                                                              const uint8_t *grp, int M, __m256 *acc, __m256 *off) {
@@ -250,10 +317,6 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
                     const __m256i v = iq4_values(wv[j]);
-                    if (Q8X_VNNI) {
-                        wv[j] = biased(v);
-                        continue;
-                    }
                     _mm256_store_si256((__m256i *)(values + 32 * j), v);
                     wv[j] = _mm256_sign_epi8(v, v);
                 }
@@ -263,26 +326,13 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * j));
-                wv[j] = !t.sgn ? w : Q8X_VNNI ? biased(w) : _mm256_sign_epi8(w, w);
+                wv[j] = t.sgn ? _mm256_sign_epi8(w, w) : w;
             }
         }
         const __m256 D0 = unit_scales8(t, unit, 0);
         const __m256 D1 = t.nd == 2 ? unit_scales8(t, unit, 1) : D0;
         const __m256 Mv = t.nm ? unit_scales8(t, unit, t.nd) : D0;
-        for (int i = 0; i < M && Q8X_VNNI; i++) {
-            const int8_t *qu = q + i * K + 32 * u;
-            __m256i P = _mm256_setzero_si256(), P0 = P;
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                P = DOT4(P, wv[j], BCAST4(qu + 4 * j));
-                if (t.nd == 2 && j == 3) {
-                    P0 = P;
-                    P = _mm256_setzero_si256();
-                }
-            }
-            unit_terms(t, P0, P, D0, D1, Mv, dx[i * nq + u], sx[i * nq + u], S + (i * nq + u) * 2, &acc[i], &off[i]);
-        }
-        for (int i = 0; i < M && !Q8X_VNNI; i++) {
+        for (int i = 0; i < M; i++) {
             const int8_t *qu = q + i * K + 32 * u;
             __m256i a = _mm256_setzero_si256(), P = _mm256_setzero_si256(), P0 = P;
 #pragma GCC unroll 8
