@@ -17,7 +17,7 @@ served - engine thread is the delivery (the hand-off to the event loop, SSE fram
 detokenization, the client); engine thread - alone is what the HTTP side costs the
 forward. Reports medians of the rounds and each round's gap.
 
-    python3 scripts/dev/bench_serving_path.py --rounds 8 --json out.json
+    python3 scripts/dev/bench_serving_path.py [--model F.gguf] --rounds 8 --json out.json
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from dspark.engine.config import parse_speculative_arg, resolve_speculative
 from dspark.engine.engine import LLMEngine
 from dspark.runtime.target import Target
 from dspark.sampling import SamplingParams
-dtype, spec = sys.argv[1], sys.argv[2]
-t = Target.load("default", dtype=dtype, log=lambda line: None)
+dtype, spec, model = sys.argv[1], sys.argv[2], sys.argv[4]
+t = Target.load(model, dtype=dtype, log=lambda line: None)
 eng = LLMEngine(t, resolve_speculative(parse_speculative_arg(spec), t), EngineConfig())
 ids = t.tokenizer.apply_chat_template([{"role": "user", "content": sys.argv[3]}])
 print("ready", flush=True)
@@ -108,6 +108,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--model", default="default", help="the target, for both sides (a name or a GGUF file)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--speculative-config", default="none")
     ap.add_argument("--server-args", default="", help="extra `dspark serve` arguments, one string")
@@ -117,9 +118,10 @@ def main() -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = dspark_serve_command(port, args.speculative_config, ["--dtype", args.dtype, *args.server_args.split()])
+    cmd = dspark_serve_command(port, args.speculative_config, ["--model", args.model, "--dtype", args.dtype,
+                                                                     *args.server_args.split()])
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, args.dtype, args.speculative_config, PROMPT],
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, args.dtype, args.speculative_config, PROMPT, args.model],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout.readline().strip() == "ready", "the engine worker did not start"
