@@ -32,7 +32,9 @@
     }
 
 #if Q8X_VNNI
-#define ROWS_CALL(T) panel_rows_vnni(T, qm, dxm, sxm, Sm, K, grp, gb, mr, ng, out, off)
+/* one row with constant sizes, so that its sums stay in registers */
+#define ROWS_CALL(T) (M == 1 ? panel_rows_vnni(T, qm, dxm, sxm, Sm, K, grp, gb, 1, 1, out, off) \
+                             : panel_rows_vnni(T, qm, dxm, sxm, Sm, K, grp, gb, mr, ng, out, off))
 #else
 #define ROWS_CALL(T) panel_rows(T, qm, dxm, sxm, Sm, K, grp, mr, out, off)
 #endif
@@ -51,16 +53,21 @@
     }
 
 /* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four groups
- * at a time; up to ROWS_FROM - 1 rows one group at a time, every row against it in tiles of
- * up to four (panel_tile: the group's weights stay in L1 while the rows stream); more rows
- * in chunks of ROWS_CHUNK, one group at a time (panel_rows) or two (panel_rows_vnni). */
+ * at a time (AVX2; the VNNI form takes one group at a time through panel_rows_vnni); up to
+ * ROWS_FROM - 1 rows one group at a time, every row against it in tiles of up to four
+ * (panel_tile: the group's weights stay in L1 while the rows stream); more rows in chunks of
+ * ROWS_CHUNK, one group at a time (panel_rows) or two (panel_rows_vnni). */
 static inline void panel_groups(int type, const int8_t *q, const float *dx, const float *sx, const int32_t *S, int64_t M,
                          int64_t K, const uint8_t *data, int64_t gb, int64_t rows, int64_t g0, int64_t g1, float *y,
                          int64_t ldy, const float *bias) {
     const int64_t nq = K / 32;
     __m256 out[2 * ROWS_CHUNK], off[2 * ROWS_CHUNK];
     for (int64_t gi = g0; gi < g1;) {
-        const int ng = M == 1 && g1 - gi >= 4 ? 4 : Q8X_VNNI && M >= ROWS_FROM && g1 - gi >= 2 ? 2 : 1;
+        /* VNNI: one row too goes one group at a time through panel_rows_vnni (each thread
+         * reads one stream of weights: 1.1-2.0x the four groups' tile when the weights come
+         * from memory, docs/journal.md) */
+        const int rows_path = M >= ROWS_FROM || (Q8X_VNNI && M == 1);
+        const int ng = rows_path ? (Q8X_VNNI && M >= ROWS_FROM && g1 - gi >= 2 ? 2 : 1) : M == 1 && g1 - gi >= 4 ? 4 : 1;
         const uint8_t *grp = data + gi * gb;
         const int64_t col = 8 * gi, ncols = rows - col < 8 * ng ? rows - col : 8 * ng;
         for (int64_t m = 0; m < M;) {
@@ -69,7 +76,7 @@ static inline void panel_groups(int type, const int8_t *q, const float *dx, cons
             const int8_t *qm = q + m * K;
             const float *dxm = dx + m * nq, *sxm = sx + m * nq;
             const int32_t *Sm = S + m * nq * 2;
-            if (M >= ROWS_FROM) {
+            if (rows_path) {
                 ROWS_TYPES
             } else if (ng == 4) {
                 PANEL_TYPES(1, 4)
