@@ -63,6 +63,9 @@ def test_q8x_equals_its_reference_whatever_shares_the_call(qtype, isa):
     assert torch.equal(full, ref)
     for m in range(1, 21):
         assert torch.equal(gemm_quant(x[m - 1:2 * m], w, bias), full[m - 1:2 * m]), m
+    # one row alone: a decode step's product, which has a path of its own
+    for r in range(40):
+        assert torch.equal(gemm_quant(x[r:r + 1], w, bias), full[r:r + 1]), ("one row", r)
     before = torch.get_num_threads()
     try:
         for threads in (1, 2, 3):

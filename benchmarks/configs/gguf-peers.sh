@@ -1,7 +1,7 @@
 #!/bin/sh
 # Served on the quantized GGUF a user holds: our plain decoding and the default (the file's
-# blocks as stored: --dtype auto = q8x where it measures faster, else gguf) against llama.cpp's plain server and its ngram-simple
-# speculation on the same file; all servers up, rounds alternating. For the default model's
+# blocks as stored: --dtype auto = q8x where it measures faster, else gguf) against llama.cpp's
+# plain server and its ngram-simple speculation on the same file; all servers up, rounds alternating. For the default model's
 # files, also our plain decoding of the same file dequantized to bf16 (--dtype bf16x: what a
 # quantized file was served as before the gguf precision). WITH_Q8X=1 adds our plain and default
 # in the q8x precision (the same blocks, int8 activations: llama.cpp's arithmetic, batch-invariant).

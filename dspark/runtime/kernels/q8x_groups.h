@@ -62,12 +62,16 @@ static inline void panel_groups(int type, const int8_t *q, const float *dx, cons
                          int64_t ldy, const float *bias) {
     const int64_t nq = K / 32;
     __m256 out[2 * ROWS_CHUNK], off[2 * ROWS_CHUNK];
+    /* VNNI: one row too goes one group at a time through panel_rows_vnni (each thread reads
+     * one stream of weights: 1.1-2.0x the four groups' tile when the weights come from
+     * memory, docs/journal.md) */
+    const int rows_path = M >= ROWS_FROM || (Q8X_VNNI && M == 1);
     for (int64_t gi = g0; gi < g1;) {
-        /* VNNI: one row too goes one group at a time through panel_rows_vnni (each thread
-         * reads one stream of weights: 1.1-2.0x the four groups' tile when the weights come
-         * from memory, docs/journal.md) */
-        const int rows_path = M >= ROWS_FROM || (Q8X_VNNI && M == 1);
-        const int ng = rows_path ? (Q8X_VNNI && M >= ROWS_FROM && g1 - gi >= 2 ? 2 : 1) : M == 1 && g1 - gi >= 4 ? 4 : 1;
+        int ng = 1;  /* groups this step takes */
+        if (!Q8X_VNNI && M == 1 && g1 - gi >= 4)
+            ng = 4;
+        else if (Q8X_VNNI && M >= ROWS_FROM && g1 - gi >= 2)
+            ng = 2;
         const uint8_t *grp = data + gi * gb;
         const int64_t col = 8 * gi, ncols = rows - col < 8 * ng ? rows - col : 8 * ng;
         for (int64_t m = 0; m < M;) {

@@ -54,36 +54,36 @@ static inline __attribute__((always_inline)) __m256i biased(__m256i w) {
 
 #if Q8X_VNNI
 #define DOT4(P, w, x) _mm256_dpbusd_epi32(P, w, x)
+/* A unit's quants as vpdpbusd takes them: w[j] holds weights 4j .. 4j + 3 of the 8 columns as
+ * unsigned bytes (the signed Q8_0 and IQ4 values as w8 + 128). */
+static inline __attribute__((always_inline)) void vnni_weights(xtype t, const uint8_t *qb, __m256i *w) {
+    if (t.four) {
+        const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) nibbles(t, qb, plane, h, &w[h], &w[4 + h]);
+        if (t.lut)
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) w[j] = biased(iq4_values(w[j]));
+        return;
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * j));
+        w[j] = t.sgn ? biased(v) : v;
+    }
+}
+
 /* P[i] (P0[i]: Q6_K's first half) of MR rows over one unit, vpdpbusd. */
 static inline __attribute__((always_inline)) void unit_sums_vnni(xtype t, const int8_t *q, int64_t K, int64_t u,
                                                                  const uint8_t *qb, __m256i *P0, __m256i *P,
                                                                  int MR) {
-    if (t.four) {
-        const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) {
-            __m256i lo, hi;
-            nibbles(t, qb, plane, h, &lo, &hi);
-            if (t.lut) {
-                lo = biased(iq4_values(lo));
-                hi = biased(iq4_values(hi));
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
-                const int8_t *qu = q + i * K + 32 * u;
-                P[i] = DOT4(P[i], lo, BCAST4(qu + 4 * h));
-                P[i] = DOT4(P[i], hi, BCAST4(qu + 16 + 4 * h));
-            }
-        }
-        return;
-    }
+    __m256i w[8];
+    vnni_weights(t, qb, w);
 #pragma GCC unroll 8
-    for (int gq = 0; gq < 8; gq++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * gq));
-        if (t.sgn) w = biased(w);
+    for (int j = 0; j < 8; j++) {
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) P[i] = DOT4(P[i], w, BCAST4(q + i * K + 32 * u + 4 * gq));
-        if (t.nd == 2 && gq == 3) {
+        for (int i = 0; i < MR; i++) P[i] = DOT4(P[i], w[j], BCAST4(q + i * K + 32 * u + 4 * j));
+        if (t.nd == 2 && j == 3) {
 #pragma GCC unroll 4
             for (int i = 0; i < MR; i++) {
                 P0[i] = P[i];
@@ -245,21 +245,8 @@ static inline __attribute__((always_inline)) void panel_rows_vnni(int type, cons
         __m256 D0[2], D1[2], Mv[2];
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
-            const uint8_t *unit = grp + g * gb + u * ub, *qb = unit_quants(t, unit);
-            if (t.four) {
-                const __m256i plane = t.five ? _mm256_loadu_si256((const __m256i *)(qb + 128)) : _mm256_setzero_si256();
-#pragma GCC unroll 4
-                for (int h = 0; h < 4; h++) nibbles(t, qb, plane, h, &wv[g][h], &wv[g][4 + h]);
-                if (t.lut)
-#pragma GCC unroll 8
-                    for (int j = 0; j < 8; j++) wv[g][j] = biased(iq4_values(wv[g][j]));
-            } else {
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qb + 32 * j));
-                    wv[g][j] = t.sgn ? biased(w) : w;
-                }
-            }
+            const uint8_t *unit = grp + g * gb + u * ub;
+            vnni_weights(t, unit_quants(t, unit), wv[g]);
             D0[g] = unit_scales8(t, unit, 0);
             D1[g] = t.nd == 2 ? unit_scales8(t, unit, 1) : D0[g];
             Mv[g] = t.nm ? unit_scales8(t, unit, t.nd) : D0[g];
