@@ -102,3 +102,38 @@ def test_q8x_panels_hold_the_files_weights(qtype):
     blocks = random_blocks(qtype, 13, k, seed=30 + TYPES[qtype])
     ours = QuantMatrix([(qtype, blocks)], k, int8_activations=True).dequantize()
     assert torch.equal(ours.view(torch.int32), gguf_dequantize(qtype, blocks, k).view(torch.int32))
+
+
+def test_activations_are_quantized_bit_for_bit_as_the_rule_says():
+    """The activation rule of gemm_q8x.c against numpy, every output exact: q (rounded to
+    nearest even, ties included), dx = max|x| / 127, sx = dx * sum(q), and the sums of q over
+    each unit's halves."""
+    import ctypes
+
+    lib = cpu_kernels.load()
+    fn = lib.dspark_q8x_quantize_row
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 4
+    gen = torch.Generator().manual_seed(3)
+    k = 1536
+    x = (torch.randn(8, k, generator=gen) * torch.rand(8, 1, generator=gen) * 20).numpy().astype(np.float32)
+    x[1, 64:96] = 0.0  # an all-zero unit
+    x[2, :32] = np.float32(127.0) / np.arange(1, 33, dtype=np.float32)
+    x[3, 32:64] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.5)  # ties: 127 / 16 scales them
+    x[3, 63] = np.float32(127.0 / 8)  # the largest: x * 127 / a is then 8 x, halves exactly
+    x[4, 96:128] = -np.abs(x[4, 96:128])  # one sign only
+    for row in x:
+        q = np.zeros(k, np.int8)
+        dx, sx = np.zeros(k // 32, np.float32), np.zeros(k // 32, np.float32)
+        S = np.zeros(k // 16, np.int32)
+        fn(row.ctypes.data, k, q.ctypes.data, dx.ctypes.data, sx.ctypes.data, S.ctypes.data)
+        xb = row.reshape(-1, 32)
+        a = np.abs(xb).max(axis=1)
+        with np.errstate(divide="ignore"):
+            inv = np.where(a > 0, np.float32(127.0) / a, np.float32(0.0)).astype(np.float32)
+        want_q = np.rint((xb * inv[:, None]).astype(np.float32)).astype(np.int32)
+        assert np.array_equal(q.reshape(-1, 32).astype(np.int32), want_q)
+        assert np.array_equal(dx.view(np.int32), (a / np.float32(127.0)).astype(np.float32).view(np.int32))
+        halves = want_q.reshape(-1, 2, 16).sum(axis=2)
+        assert np.array_equal(S.reshape(-1, 2), halves)
+        want_sx = (dx * halves.sum(axis=1).astype(np.float32)).astype(np.float32)
+        assert np.array_equal(sx.view(np.int32), want_sx.view(np.int32))

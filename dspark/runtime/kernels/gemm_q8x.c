@@ -88,21 +88,59 @@ static acts quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float
     return a;
 }
 
-/* quantize_rows into this thread's buffers. */
-static int quantize(const float *x, int64_t M, int64_t K, acts *a) {
+/* Rows [m0, m1) of x quantized into a's buffers. */
+static void quantize_span(const float *x, int64_t m0, int64_t m1, int64_t K, const acts *a) {
+    const int64_t nq = K / 32;
+    for (int64_t m = m0; m < m1; m++)
+        dspark_q8x_quantize_row(x + m * K, K, a->q + m * K, a->dx + m * nq, a->sx + m * nq, a->S + 2 * m * nq);
+}
+
+/* The calling thread's buffers for M rows' quantized activations. */
+static int act_buffers(int64_t M, int64_t K, acts *a) {
     static __thread void *qbuf, *fbuf;
     static __thread int64_t qcap, fcap;
+    const int64_t nq = K / 32;
     int8_t *q = grow(&qbuf, &qcap, M * K);
-    float *f = grow(&fbuf, &fcap, 4 * M * (K / 32) * 4);
+    float *f = grow(&fbuf, &fcap, 4 * M * nq * 4);
     if (!q || !f) return -1;
-    *a = quantize_rows(x, M, K, q, f);
+    *a = (acts){q, f, f + M * nq, (int32_t *)(f + 2 * M * nq)};
     return 0;
 }
+
+/* Groups [t0, t1) of the matrix (counted over all its segments) for all M rows. */
+static void run_groups(const acts *a, const float *x, const int64_t *desc, const float *bias, float *y, int64_t M,
+                       int64_t N, int64_t K, int64_t t0, int64_t t1, int vnni, float **w) {
+    int64_t base = 0, gbase = 0;
+    for (int64_t s = 0; s < desc[0] && gbase < t1; s++) {
+        const int64_t *g = desc + 1 + 4 * s;
+        const int64_t rows = g[1], ng = (rows + 7) / 8;
+        const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
+        const int64_t lo = t0 > gbase ? t0 - gbase : 0, hi = t1 < gbase + ng ? t1 - gbase : ng;
+        if (hi > lo && panel_type((int)g[0]) && vnni)
+            dspark_q8x_groups_vnni(panel_type((int)g[0]), a->q, a->dx, a->sx, a->S, M, K, data, g[2], rows, lo, hi,
+                                   y + base, N, bias ? bias + base : 0);
+        else if (hi > lo && panel_type((int)g[0]))
+            panel_groups(panel_type((int)g[0]), a->q, a->dx, a->sx, a->S, M, K, data, g[2], rows, lo, hi, y + base, N,
+                         bias ? bias + base : 0);
+        else if (hi > lo) {
+            const int64_t c0 = 8 * lo, c1 = 8 * hi < rows ? 8 * hi : rows;
+            if (!*w) *w = malloc((size_t)K * sizeof(float));
+            if (*w) dspark_quant_ref_cols((int)g[0], data, g[2], c0, c1 - c0, x, M, K, y + base + c0, N,
+                                          bias ? bias + base + c0 : 0, *w);
+        }
+        base += rows;
+        gbase += ng;
+    }
+}
+
+/* The fewest rows whose quantizing is split between the threads (a barrier costs about what
+ * one thread quantizes of 8 rows of 576). */
+#define SPLIT_QUANT_ROWS 8
 
 void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                      int threads) {
     acts a;
-    if (quantize(x, M, K, &a)) return;
+    if (act_buffers(M, K, &a)) return;
     int64_t G = 0;  /* groups of 8 columns over all segments */
     for (int64_t s = 0; s < desc[0]; s++) G += (desc[2 + 4 * s] + 7) / 8;
     if (G == 0) return;
@@ -111,6 +149,8 @@ void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, flo
     static int has_vnni = -1;
     if (has_vnni < 0) has_vnni = dspark_q8x_vnni_available();
     const int vnni = has_vnni && dspark_gemm_bf16w_isa() == 512;
+    const int split = M >= SPLIT_QUANT_ROWS && threads > 1;
+    if (!split) quantize_span(x, 0, M, K, &a);
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
@@ -118,29 +158,12 @@ void dspark_gemm_q8x(const float *x, const int64_t *desc, const float *bias, flo
 #else
         const int t = 0, nt = 1;
 #endif
-        const int64_t t0 = G * t / nt, t1 = G * (t + 1) / nt;
         float *w = 0;
-        int64_t base = 0, gbase = 0;
-        for (int64_t s = 0; s < desc[0]; s++) {
-            const int64_t *g = desc + 1 + 4 * s;
-            const int64_t rows = g[1], ng = (rows + 7) / 8;
-            const uint8_t *data = (const uint8_t *)(intptr_t)g[3];
-            const int64_t lo = t0 > gbase ? t0 - gbase : 0, hi = t1 < gbase + ng ? t1 - gbase : ng;
-            if (hi > lo && panel_type((int)g[0]) && vnni)
-                dspark_q8x_groups_vnni(panel_type((int)g[0]), a.q, a.dx, a.sx, a.S, M, K, data, g[2], rows, lo, hi,
-                                       y + base, N, bias ? bias + base : 0);
-            else if (hi > lo && panel_type((int)g[0]))
-                panel_groups(panel_type((int)g[0]), a.q, a.dx, a.sx, a.S, M, K, data, g[2], rows, lo, hi, y + base,
-                             N, bias ? bias + base : 0);
-            else if (hi > lo) {
-                const int64_t c0 = 8 * lo, c1 = 8 * hi < rows ? 8 * hi : rows;
-                if (!w) w = malloc((size_t)K * sizeof(float));
-                if (w) dspark_quant_ref_cols((int)g[0], data, g[2], c0, c1 - c0, x, M, K, y + base + c0, N,
-                                  bias ? bias + base + c0 : 0, w);
-            }
-            base += rows;
-            gbase += ng;
+        if (split) {
+            quantize_span(x, M * t / nt, M * (t + 1) / nt, K, &a);
+#pragma omp barrier
         }
+        run_groups(&a, x, desc, bias, y, M, N, K, G * t / nt, G * (t + 1) / nt, vnni, &w);
         free(w);
     }
 }

@@ -12,9 +12,12 @@
 
 /* One row of K (a multiple of 32) -> q [K], dx, sx [K / 32], S [K / 32][2] (the sums of q
  * over each unit's halves). Every operation is exact or one IEEE rounding, so the vector
- * form is the scalar rule (tests check it against numpy). */
+ * form is the scalar rule (tests check it against numpy): the largest |x| of a unit
+ * ignores NaN lanes and is exact in any order, a value becomes its 32-bit integer's low
+ * byte (as a C cast to int8 takes it), and the integer sums are exact in any order. */
 void dspark_q8x_quantize_row(const float *x, int64_t K, int8_t *q, float *dx, float *sx, int32_t *S) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i low = _mm256_set1_epi32(0xff), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t b = 0; b < K / 32; b++) {
         const float *xb = x + 32 * b;
         __m256 v[4], m = _mm256_setzero_ps();
@@ -22,29 +25,30 @@ void dspark_q8x_quantize_row(const float *x, int64_t K, int8_t *q, float *dx, fl
             v[j] = _mm256_loadu_ps(xb + 8 * j);
             m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
         }
-        float lanes[8], a = 0.0f;
-        _mm256_storeu_ps(lanes, m);
-        for (int j = 0; j < 8; j++) a = lanes[j] > a ? lanes[j] : a;
+        m = _mm256_and_ps(m, _mm256_cmp_ps(m, m, _CMP_ORD_Q)); /* NaN lanes count as 0 */
+        m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+        m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+        m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+        const float a = _mm256_cvtss_f32(m);
         const __m256 id = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
-        __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int j = 0; j < 4; j++) {
-            const __m256i n = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id),
-                                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            sum[j >> 1] = _mm256_add_epi32(sum[j >> 1], n);
-            int32_t t[8];
-            _mm256_storeu_si256((__m256i *)t, n);
-            for (int l = 0; l < 8; l++) q[32 * b + 8 * j + l] = (int8_t)t[l];
-        }
-        int s[2] = {0, 0};
-        for (int h = 0; h < 2; h++) {
-            int32_t t[8];
-            _mm256_storeu_si256((__m256i *)t, sum[h]);
-            for (int l = 0; l < 8; l++) s[h] += t[l];
-        }
+        __m256i n[4];
+        for (int j = 0; j < 4; j++)
+            n[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        /* low bytes, 0..255 each, so the packs do not saturate; their lane order undone after */
+        const __m256i w01 = _mm256_packus_epi32(_mm256_and_si256(n[0], low), _mm256_and_si256(n[1], low));
+        const __m256i w23 = _mm256_packus_epi32(_mm256_and_si256(n[2], low), _mm256_and_si256(n[3], low));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b),
+                            _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w01, w23), order));
+        /* the two halves' sums side by side, then across the lanes of each */
+        __m256i h = _mm256_hadd_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+        h = _mm256_hadd_epi32(h, h);
+        h = _mm256_add_epi32(h, _mm256_permute2x128_si256(h, h, 1));
+        const int32_t s0 = _mm256_extract_epi32(h, 0), s1 = _mm256_extract_epi32(h, 1);
         dx[b] = a / 127.0f;
-        sx[b] = dx[b] * (float)(s[0] + s[1]);
-        S[2 * b] = s[0];
-        S[2 * b + 1] = s[1];
+        sx[b] = dx[b] * (float)(s0 + s1);
+        S[2 * b] = s0;
+        S[2 * b + 1] = s1;
     }
 }
 
