@@ -10,12 +10,14 @@
 #include "q8x_tiles.h"
 
 /* Rows a panel_rows call takes at most (its accumulators: 2 KB of L1, 4 KB for the VNNI
- * form's two groups), and the fewest rows that go to it rather than to panel_tile (AVX2: 9,
- * VNNI: 5; measured, docs/journal.md). */
+ * form's two groups), and the fewest rows that go to it rather than to panel_tile: AVX2 9;
+ * VNNI 5 where a row is 1024 or more long, 9 where it is shorter (with the weights streamed
+ * from memory the tiles are 1.1-1.5x faster at 5-8 rows of 576 or 896, 0.7-0.85x at 1536 or
+ * 4864; docs/journal.md). */
 #define ROWS_CHUNK 32
 #define ROWS_MIN 9
-#define ROWS_MIN_VNNI 5
-#define ROWS_FROM (Q8X_VNNI ? ROWS_MIN_VNNI : ROWS_MIN)
+#define ROWS_MIN_VNNI(K) ((K) >= 1024 ? 5 : 9)
+#define ROWS_FROM(K) (Q8X_VNNI ? ROWS_MIN_VNNI(K) : ROWS_MIN)
 
 #define PANEL_TYPES(mr, ng)                                                                             \
     switch (type) {                                                                                    \
@@ -54,7 +56,7 @@
 
 /* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four groups
  * at a time (AVX2; the VNNI form takes one group at a time through panel_rows_vnni); up to
- * ROWS_FROM - 1 rows one group at a time, every row against it in tiles of up to four
+ * ROWS_FROM(K) - 1 rows one group at a time, every row against it in tiles of up to four
  * (panel_tile: the group's weights stay in L1 while the rows stream); more rows in chunks of
  * ROWS_CHUNK, one group at a time (panel_rows) or two (panel_rows_vnni). */
 static inline void panel_groups(int type, const int8_t *q, const float *dx, const float *sx, const int32_t *S, int64_t M,
@@ -65,17 +67,17 @@ static inline void panel_groups(int type, const int8_t *q, const float *dx, cons
     /* VNNI: one row too goes one group at a time through panel_rows_vnni (each thread reads
      * one stream of weights: 1.1-2.0x the four groups' tile when the weights come from
      * memory, docs/journal.md) */
-    const int rows_path = M >= ROWS_FROM || (Q8X_VNNI && M == 1);
+    const int from = ROWS_FROM(K), rows_path = M >= from || (Q8X_VNNI && M == 1);
     for (int64_t gi = g0; gi < g1;) {
         int ng = 1;  /* groups this step takes */
         if (!Q8X_VNNI && M == 1 && g1 - gi >= 4)
             ng = 4;
-        else if (Q8X_VNNI && M >= ROWS_FROM && g1 - gi >= 2)
+        else if (Q8X_VNNI && M >= from && g1 - gi >= 2)
             ng = 2;
         const uint8_t *grp = data + gi * gb;
         const int64_t col = 8 * gi, ncols = rows - col < 8 * ng ? rows - col : 8 * ng;
         for (int64_t m = 0; m < M;) {
-            const int chunk = M >= ROWS_FROM ? ROWS_CHUNK : 4;
+            const int chunk = M >= from ? ROWS_CHUNK : 4;
             const int mr = M - m >= chunk ? chunk : (int)(M - m);
             const int8_t *qm = q + m * K;
             const float *dxm = dx + m * nq, *sxm = sx + m * nq;
