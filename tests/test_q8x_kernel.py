@@ -50,11 +50,12 @@ def test_q8x_is_the_files_weights_times_int8_activations(qtype):
     assert (got - exact).abs().max() <= 0.05 * scale
 
 
-@pytest.mark.parametrize("long_rows", [False, True])
+@pytest.mark.parametrize("row_length", ["short", 1024, 4096])
 @pytest.mark.parametrize("qtype", Q8X_TYPES)
-def test_q8x_equals_its_reference_whatever_shares_the_call(qtype, long_rows, isa):
-    # rows of 1024 or more take the many-row path from 5 rows in the VNNI form, shorter ones from 9
-    k = 1024 if long_rows else 256 if BLOCKS[qtype][0] == 256 else 96
+def test_q8x_equals_its_reference_whatever_shares_the_call(qtype, row_length, isa):
+    # the many-row path takes 9 rows and more of short rows in the VNNI form, 5 and more of
+    # rows of 1024 (and of short ones in AVX2), 2 and more of rows of 4096
+    k = row_length if row_length != "short" else 256 if BLOCKS[qtype][0] == 256 else 96
     w = QuantMatrix([(qtype, random_blocks(qtype, 37, k, seed=1 + TYPES[qtype]))], k, int8_activations=True)
     gen = torch.Generator().manual_seed(TYPES[qtype])
     # 40 rows: the few-row tiles (up to 8 rows), the many-row path and its chunks of 32

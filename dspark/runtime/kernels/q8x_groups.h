@@ -10,14 +10,14 @@
 #include "q8x_tiles.h"
 
 /* Rows a panel_rows call takes at most (its accumulators: 2 KB of L1, 4 KB for the VNNI
- * form's two groups), and the fewest rows that go to it rather than to panel_tile: AVX2 9;
- * VNNI 5 where a row is 1024 or more long, 9 where it is shorter (with the weights streamed
- * from memory the tiles are 1.1-1.5x faster at 5-8 rows of 576 or 896, 0.7-0.85x at 1536 or
- * 4864; docs/journal.md). */
+ * form's two groups), and the fewest rows that go to it rather than to panel_tile, by the
+ * length K of a row: from 2 rows where K >= 4096; below that from 5, except in the VNNI form
+ * where K < 1024 (from 9). Measured with the weights streamed from memory, as a step reads
+ * them (docs/journal.md): at K = 4864 the rows path is 1.0-1.4x the tiles at 2-4 rows; at
+ * 1536-2048 the tiles are faster there (1.05-1.5x) and slower at 5-8 rows (0.7-0.85x, AVX2
+ * 0.7-0.9x at every K); in the VNNI form at 576 and 896 the tiles stay 1.1-1.5x faster to 8. */
 #define ROWS_CHUNK 32
-#define ROWS_MIN 9
-#define ROWS_MIN_VNNI(K) ((K) >= 1024 ? 5 : 9)
-#define ROWS_FROM(K) (Q8X_VNNI ? ROWS_MIN_VNNI(K) : ROWS_MIN)
+#define ROWS_FROM(K) ((K) >= 4096 ? 2 : Q8X_VNNI && (K) < 1024 ? 9 : 5)
 
 #define PANEL_TYPES(mr, ng)                                                                             \
     switch (type) {                                                                                    \

@@ -239,7 +239,7 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
  * exact in any order). acc, off: [M][NG]. The same sequence per output as panel_tile.
  * Against one group a call (products, 2 threads, AVX512-VNNI EPYC): 1.13-1.29x faster
  * from 12 to 256 rows for Q8_0, Q5_0, Q6_K, 1.01-1.07x for Q4_K; level at 2-4 rows, where
- * panel_tile stays (ROWS_MIN_VNNI: to 8 rows where rows are short). One row goes here too, one group at a time: a single
+ * panel_tile stays (ROWS_FROM). One row goes here too, one group at a time: a single
  * stream of weights per thread, 1.07-1.69x panel_tile's four groups when the weights come
  * from memory (as a decode step's do), 0.66-0.95x when they sit in cache. */
 static inline __attribute__((always_inline)) void panel_rows_vnni(int type, const int8_t *q, const float *dx,
@@ -294,8 +294,8 @@ static inline __attribute__((always_inline)) void panel_rows_vnni(int type, cons
  * adds its unit's terms to acc[i] and off[i] (in memory: M of each). The same sequence per
  * output as panel_tile, so the same bits; it does not redo the unpacking for every four
  * rows nor spill a tile's sixteen accumulators (0.8x panel_tile's time at 128 rows, 0.94x
- * at 16; no gain at 8 and below: docs/journal.md). The AVX2 form (the VNNI build takes
- * panel_rows_vnni). */
+ * at 16 with the weights in cache; streamed, from 5 rows: ROWS_FROM). The AVX2 form (the
+ * VNNI build takes panel_rows_vnni). */
 static inline __attribute__((always_inline)) void panel_rows(int type, const int8_t *q, const float *dx,
                                                              const float *sx, const int32_t *S, int64_t K,
                                                              const uint8_t *grp, int M, __m256 *acc, __m256 *off) {
