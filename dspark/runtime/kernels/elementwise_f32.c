@@ -13,8 +13,11 @@
 
 #include "simd_f32.h"
 
-/* Threads only where the work pays for waking them. */
+/* Threads only where the work pays for waking them. SiLU, with its exponential and
+ * division, pays from fewer elements (two threads: 4 x 1536 4.5 -> 3.3 us, 16 x 1536
+ * 13.8 -> 8.0 us; 2 x 1536 level). */
 #define PAR_MIN_ELEMS (1 << 16)
+#define SILU_PAR_MIN (1 << 12)
 
 static inline float exp1(float x) {
     float in[8] = {x}, out[8];
@@ -50,7 +53,7 @@ void dspark_rmsnorm_f32(const float *x, const float *w, float *out, int64_t M, i
 void dspark_silu_mul_f32(const float *gu, float *out, int64_t M, int64_t I, int threads) {
     const int64_t I8 = I & ~(int64_t)7;
     const __m256 one = _mm256_set1_ps(1.0f);
-#pragma omp parallel for schedule(static) num_threads(threads) if (M * I >= PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * I >= SILU_PAR_MIN)
     for (int64_t m = 0; m < M; m++) {
         const float *g = gu + m * 2 * I, *u = g + I;
         float *o = out + m * I;
