@@ -38,7 +38,7 @@
 #define ROWS_CALL(T) (M == 1 ? panel_rows_vnni(T, qm, dxm, sxm, Sm, K, grp, gb, 1, 1, out, off) \
                              : panel_rows_vnni(T, qm, dxm, sxm, Sm, K, grp, gb, mr, ng, out, off))
 #else
-#define ROWS_CALL(T) panel_rows(T, qm, dxm, sxm, Sm, K, grp, mr, out, off)
+#define ROWS_CALL(T) (M == 1 ? panel_rows(T, qm, dxm, sxm, Sm, K, grp, 1, out, off) : panel_rows(T, qm, dxm, sxm, Sm, K, grp, mr, out, off))
 #endif
 #define ROWS_TYPES                                                                                      \
     switch (type) {                                                                                    \
@@ -54,8 +54,8 @@
         default: ROWS_CALL(R_Q6_K); break;                                                             \
     }
 
-/* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row four groups
- * at a time (AVX2; the VNNI form takes one group at a time through panel_rows_vnni); up to
+/* Groups [g0, g1) of a panel segment of `rows` columns, for all M rows: one row one group at
+ * a time through the rows path (AVX2's K types: four groups at a time, panel_tile); up to
  * ROWS_FROM(K) - 1 rows one group at a time, every row against it in tiles of up to four
  * (panel_tile: the group's weights stay in L1 while the rows stream); more rows in chunks of
  * ROWS_CHUNK, one group at a time (panel_rows) or two (panel_rows_vnni). */
@@ -64,13 +64,15 @@ static inline void panel_groups(int type, const int8_t *q, const float *dx, cons
                          int64_t ldy, const float *bias) {
     const int64_t nq = K / 32;
     __m256 out[2 * ROWS_CHUNK], off[2 * ROWS_CHUNK];
-    /* VNNI: one row too goes one group at a time through panel_rows_vnni (each thread reads
-     * one stream of weights: 1.1-2.0x the four groups' tile when the weights come from
-     * memory, docs/journal.md) */
-    const int from = ROWS_FROM(K), rows_path = M >= from || (Q8X_VNNI && M == 1);
+    /* One row goes one group at a time through the rows path: each thread reads one stream of
+     * weights. Streamed from memory, against the four groups' tile: VNNI 1.1-2.0x; AVX2 1.4-2.2x
+     * for Q8_0, Q4_0 and Q5_0, 0.94-1.04x for the K types, which keep the tile there
+     * (docs/journal.md). */
+    const int one_stream = Q8X_VNNI || !(type == R_Q4_K || type == R_Q5_K || type == R_Q6_K);
+    const int from = ROWS_FROM(K), rows_path = M >= from || (one_stream && M == 1);
     for (int64_t gi = g0; gi < g1;) {
         int ng = 1;  /* groups this step takes */
-        if (!Q8X_VNNI && M == 1 && g1 - gi >= 4)
+        if (!one_stream && M == 1 && g1 - gi >= 4)
             ng = 4;
         else if (Q8X_VNNI && M >= from && g1 - gi >= 2)
             ng = 2;

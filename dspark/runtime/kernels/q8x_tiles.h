@@ -305,7 +305,7 @@ static inline __attribute__((always_inline)) void panel_rows(int type, const int
     for (int i = 0; i < M; i++) acc[i] = off[i] = _mm256_setzero_ps();
     for (int64_t u = 0; u < nq; u++) {
         const uint8_t *unit = grp + u * ub, *qb = unit_quants(t, unit);
-        prefetch_ahead(unit, ub);
+        if (M > 1) prefetch_ahead(unit, ub);
         const uint8_t *signs = qb;  /* the signed weights of register j at 32 j (Q8_0, the IQ4 types) */
         __m256i wv[8];
         if (t.four) {
