@@ -79,13 +79,10 @@ typedef struct {
     int32_t *S;
 } acts;
 
-/* M rows of x quantized into q (M K bytes) and f (4 M K / 32 floats: dx, sx, S). */
-static acts quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *f) {
+/* M rows' quantized activations in q (M K bytes) and f (4 M K / 32 floats: dx, sx, S). */
+static acts act_view(int64_t M, int64_t K, int8_t *q, float *f) {
     const int64_t nq = K / 32;
-    acts a = {q, f, f + M * nq, (int32_t *)(f + 2 * M * nq)};
-    for (int64_t m = 0; m < M; m++)
-        dspark_q8x_quantize_row(x + m * K, K, a.q + m * K, a.dx + m * nq, a.sx + m * nq, a.S + 2 * m * nq);
-    return a;
+    return (acts){q, f, f + M * nq, (int32_t *)(f + 2 * M * nq)};
 }
 
 /* Rows [m0, m1) of x quantized into a's buffers. */
@@ -103,7 +100,7 @@ static int act_buffers(int64_t M, int64_t K, acts *a) {
     int8_t *q = grow(&qbuf, &qcap, M * K);
     float *f = grow(&fbuf, &fcap, 4 * M * nq * 4);
     if (!q || !f) return -1;
-    *a = (acts){q, f, f + M * nq, (int32_t *)(f + 2 * M * nq)};
+    *a = act_view(M, K, q, f);
     return 0;
 }
 
@@ -175,7 +172,8 @@ void dspark_gemm_q8x_ref(const float *x, const int64_t *desc, const float *bias,
     int8_t *qbuf = malloc((size_t)(M * K));
     float *f = malloc((size_t)(4 * M * nq) * sizeof(float)), *w = malloc((size_t)K * sizeof(float));
     if (!qbuf || !f || !w) goto out;
-    const acts a = quantize_rows(x, M, K, qbuf, f);
+    const acts a = act_view(M, K, qbuf, f);
+    quantize_span(x, 0, M, K, &a);
     const int8_t *q = a.q;
     const float *dx = a.dx, *sx = a.sx;
     int64_t n = 0;
