@@ -327,13 +327,17 @@ def test_markov_candidates_from_the_config_reach_the_drafter_and_stay_exact(gree
 @pytest.mark.parametrize("drafter_weights", ["q8_0", "q4_0"])
 def test_quantized_drafter_weights_stay_exact(greedy_case, drafter_weights):
     """The shipped DSpark with its linears quantized at load (the q8x kernel), hybrid and
-    adaptive as the default runs it: greedy output equal to plain decoding's."""
+    adaptive as the default runs it: greedy output equal to plain decoding's. The step times
+    are a fixed table where drafting pays, so that the drafter runs whatever this machine's
+    timings (measured live, a noisy moment could price every draft out of a short run)."""
     from dspark.runtime.weight_formats import weight_kind
+    from dspark.schedule.step_time import StepTimeTable
 
     target, prompts, refs = greedy_case
     spec = SpeculativeConfig(method="dspark", enable_adaptive_verification=True, lookup=True,
-                             drafter_weights=drafter_weights)
-    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512))
+                             drafter_weights=drafter_weights, live_step_time=False)
+    table = StepTimeTable.synthetic(base_ms=30, knee=24, per_token_ms=1.5, max_tokens=512, drafter_ms=2)
+    engine = LLMEngine(target, spec, EngineConfig(max_num_seqs=4, max_model_len=512), step_table=table)
     drafter = engine.runner.drafter.inner  # the hybrid's learned drafter
     assert weight_kind(drafter.layers[0].mlp.down_proj) == "q" and weight_kind(drafter.fc) == "q"
     seqs = engine.generate(prompts[:4], SamplingParams(max_tokens=24))
