@@ -121,8 +121,8 @@ def test_activations_are_quantized_bit_for_bit_as_the_rule_says():
     x = (torch.randn(8, k, generator=gen) * torch.rand(8, 1, generator=gen) * 20).numpy().astype(np.float32)
     x[1, 64:96] = 0.0  # an all-zero unit
     x[2, :32] = np.float32(127.0) / np.arange(1, 33, dtype=np.float32)
-    x[3, 32:64] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.5)  # ties: 127 / 16 scales them
-    x[3, 63] = np.float32(127.0 / 8)  # the largest: x * 127 / a is then 8 x, halves exactly
+    x[3, 32:64] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.5)  # halves: ties to even
+    x[3, 63] = np.float32(127.0)  # the largest, so 127 / a = 1 and x * 127 / a stays a tie
     x[4, 96:128] = -np.abs(x[4, 96:128])  # one sign only
     for row in x:
         q = np.zeros(k, np.int8)

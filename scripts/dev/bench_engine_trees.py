@@ -76,7 +76,9 @@ def main() -> None:
     ap.add_argument("--first-prompt", type=int, default=0, help="where in the held-out set the run starts")
     ap.add_argument("--speculative", default="none", help="none (default), default, or a JSON config")
     args = ap.parse_args()
-    workers = [Worker(args.tree_a, args.model, args.speculative), Worker(args.tree_b, args.model, args.speculative)]
+    # the workers run from / (so that neither imports the dspark of the current directory)
+    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    workers = [Worker(args.tree_a, model, args.speculative), Worker(args.tree_b, model, args.speculative)]
     ratios = []
     try:
         for r in range(args.rounds):

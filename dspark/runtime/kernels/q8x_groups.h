@@ -15,7 +15,7 @@
  * where K < 1024 (from 9). Measured with the weights streamed from memory, as a step reads
  * them (docs/journal.md): at K = 4864 the rows path is 1.0-1.4x the tiles at 2-4 rows; at
  * 1536-2048 the tiles are faster there (1.05-1.5x) and slower at 5-8 rows (0.7-0.85x, AVX2
- * 0.7-0.9x at every K); in the VNNI form at 576 and 896 the tiles stay 1.1-1.5x faster to 8. */
+ * 0.7-0.95x at every K); in the VNNI form at 576 and 896 the tiles stay 1.1-1.5x faster to 8. */
 #define ROWS_CHUNK 32
 #define ROWS_FROM(K) ((K) >= 4096 ? 2 : Q8X_VNNI && (K) < 1024 ? 9 : 5)
 

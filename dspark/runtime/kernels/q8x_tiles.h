@@ -239,7 +239,7 @@ static inline __attribute__((always_inline)) void panel_tile(int type, const int
  * exact in any order). acc, off: [M][NG]. The same sequence per output as panel_tile.
  * Against one group a call (products, 2 threads, AVX512-VNNI EPYC): 1.13-1.29x faster
  * from 12 to 256 rows for Q8_0, Q5_0, Q6_K, 1.01-1.07x for Q4_K; level at 2-4 rows, where
- * panel_tile stays (ROWS_FROM). One row goes here too, one group at a time: a single
+ * panel_tile stays below rows of 4096 (ROWS_FROM). One row goes here too, one group at a time: a single
  * stream of weights per thread, 1.07-1.69x panel_tile's four groups when the weights come
  * from memory (as a decode step's do), 0.66-0.95x when they sit in cache. */
 static inline __attribute__((always_inline)) void panel_rows_vnni(int type, const int8_t *q, const float *dx,
